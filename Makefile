@@ -1,0 +1,47 @@
+# Two commands set up everything on a fresh machine: `make demo` and `make test`.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+export PYTHONPATH := $(CURDIR)/include:$(CURDIR)
+export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
+
+.PHONY: demo test unit integration e2e lint jars venv airflow down bench clean
+
+$(STAMP): requirements.txt pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -r requirements.txt
+	$(PY) -m pip install --quiet --no-deps -e .
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+jars: $(STAMP)
+	$(PY) -m microbatch.devstack jars
+
+demo: jars
+	$(PY) -m microbatch.cli demo
+
+test: jars
+	$(PY) -m ruff check .
+	$(PY) -m pytest -p no:cacheprovider --timeout=900 tests
+
+unit: $(STAMP)
+	$(PY) -m pytest -p no:cacheprovider tests/unit
+
+lint: $(STAMP)
+	$(PY) -m ruff check .
+
+airflow: jars
+	$(PY) -m microbatch.cli airflow
+
+down: $(STAMP)
+	$(PY) -m microbatch.devstack down
+
+bench: jars
+	$(PY) bench/throughput.py
+
+clean: down
+	rm -rf .cache/devstack .cache/airflow

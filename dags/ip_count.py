@@ -1,0 +1,8 @@
+"""Airflow DAG of the `ip_count` pipeline. Thin on purpose: the spec and the factory do the work.
+
+One file per pipeline, so a bad spec is an import error of its own DAG only.
+"""
+
+from microbatch.airflow_dags import pipeline_dag
+
+dag = pipeline_dag("ip_count")

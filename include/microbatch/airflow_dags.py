@@ -1,0 +1,219 @@
+"""The DAG factory: one DAG per pipeline spec, `plan >> stage >> commit`.
+
+This is the only library module that imports Airflow. Building a DAG reads the spec file
+and nothing else: connections, the ledger and Kafka are touched only when a task runs.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from airflow.exceptions import AirflowFailException, AirflowSkipException
+from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+from airflow.sdk import DAG, Asset, BaseHook, task
+
+from microbatch.config import PipelineSpec, find_spec
+from microbatch.errors import ConnectionSettingsError, MicrobatchError
+from microbatch.kafka_offsets import BOOTSTRAP_ENV
+from microbatch.ledger.database import LEDGER_URL_ENV
+
+log = logging.getLogger("microbatch")
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+RUN_BATCH = PROJECT_ROOT / "spark_jobs" / "run_batch.py"
+LEDGER_CONN_ID = "microbatch_ledger"
+
+
+def ledger_url(conn_id: str = LEDGER_CONN_ID) -> str:
+    """The ledger URL: `MICROBATCH_LEDGER_URL`, else the Airflow connection `microbatch_ledger`."""
+    if os.environ.get(LEDGER_URL_ENV):
+        return os.environ[LEDGER_URL_ENV]
+    try:
+        conn = BaseHook.get_connection(conn_id)
+    except Exception:
+        raise ConnectionSettingsError(
+            f"The ledger database is not configured: neither {LEDGER_URL_ENV} nor the Airflow connection "
+            f"'{conn_id}' exists.",
+            fix=f"Create the connection '{conn_id}' (type postgres) or set {LEDGER_URL_ENV}.",
+        ) from None
+    return (
+        f"postgresql+psycopg://{conn.login or ''}:{conn.password or ''}@{conn.host or '127.0.0.1'}:"
+        f"{conn.port or 5432}/{conn.schema or 'postgres'}"
+    )
+
+
+def kafka_bootstrap(conn_id: str) -> str:
+    """Bootstrap servers: `MICROBATCH_KAFKA_BOOTSTRAP`, else the Airflow connection `conn_id`."""
+    if os.environ.get(BOOTSTRAP_ENV):
+        return os.environ[BOOTSTRAP_ENV]
+    try:
+        conn = BaseHook.get_connection(conn_id)
+    except Exception:
+        raise ConnectionSettingsError(
+            f"The Kafka cluster is not configured: neither {BOOTSTRAP_ENV} nor the Airflow connection "
+            f"'{conn_id}' exists.",
+            fix=f"Create the connection '{conn_id}' (type kafka, extra bootstrap.servers) or set {BOOTSTRAP_ENV}.",
+        ) from None
+    servers = conn.extra_dejson.get("bootstrap.servers") or (f"{conn.host}:{conn.port}" if conn.host else None)
+    if not servers:
+        raise ConnectionSettingsError(
+            f"The Airflow connection '{conn_id}' has no bootstrap servers.",
+            fix="Set its extra to {\"bootstrap.servers\": \"HOST:PORT\"}.",
+        )
+    return servers
+
+
+def _fail(exc: MicrobatchError) -> None:
+    """Log the one-sentence cause and fix; retry only what a retry can mend."""
+    log.error("%s", exc)
+    if exc.retryable:
+        raise RuntimeError(str(exc)) from None
+    raise AirflowFailException(str(exc)) from None
+
+
+def sink_assets(spec: PipelineSpec) -> list[Asset]:
+    return [
+        Asset(name=f"microbatch.{spec.name}.{sink.name}", uri=f"microbatch://{spec.name}/{sink.table}")
+        for sink in spec.sinks
+    ]
+
+
+class StageBatchOperator(SparkSubmitOperator):
+    """spark-submit of `spark_jobs/run_batch.py` for the batch that `plan` chose.
+
+    Connections are resolved when the task runs and reach spark-submit as environment
+    variables only, never on its command line.
+    """
+
+    def __init__(self, *, pipeline: str, kafka_conn_id: str, spark_conf: dict[str, str], **kwargs: Any) -> None:
+        conf = {
+            "spark.sql.session.timeZone": "UTC",
+            "spark.driver.extraJavaOptions": "-Duser.timezone=UTC",
+            "spark.executor.extraJavaOptions": "-Duser.timezone=UTC",
+            "spark.ui.showConsoleProgress": "false",
+            **spark_conf,
+        }
+        super().__init__(
+            application=str(RUN_BATCH),
+            application_args=["--pipeline", pipeline, "--batch-id", "{{ ti.xcom_pull(task_ids='plan') }}"],
+            name=f"microbatch-{pipeline}",
+            conf=conf,
+            **kwargs,
+        )
+        self.pipeline = pipeline
+        self.kafka_conn_id = kafka_conn_id
+
+    def execute(self, context: Any) -> None:
+        from microbatch.devstack import spark_jars
+
+        try:
+            env = {
+                LEDGER_URL_ENV: ledger_url(),
+                BOOTSTRAP_ENV: kafka_bootstrap(self.kafka_conn_id),
+                "PYSPARK_PYTHON": sys.executable,
+                "PYSPARK_DRIVER_PYTHON": sys.executable,
+                "PYTHONPATH": os.pathsep.join(
+                    filter(None, [str(PROJECT_ROOT / "include"), str(PROJECT_ROOT), os.environ.get("PYTHONPATH")])
+                ),
+            }
+        except MicrobatchError as exc:
+            _fail(exc)
+        for name in ("MICROBATCH_FAILPOINTS", "MICROBATCH_FAILPOINT_DIR", "MICROBATCH_PIPELINES_DIR", "PATH",
+                     "JAVA_HOME"):
+            if os.environ.get(name):
+                env[name] = os.environ[name]
+        self.env_vars = {**(self.env_vars or {}), **env}
+        if not self.jars:
+            self.jars = ",".join(str(p) for p in spark_jars())
+        super().execute(context)
+
+
+def build_dag(spec: PipelineSpec) -> DAG:
+    """The scheduled DAG of one pipeline: plan >> stage >> commit."""
+    assets = sink_assets(spec)
+    default_args = {
+        "retries": spec.retries.count,
+        "retry_delay": timedelta(seconds=spec.retries.delay_seconds),
+        "owner": "microbatch",
+    }
+    with DAG(
+        dag_id=spec.name,
+        description=spec.description or f"microbatch pipeline {spec.name}",
+        schedule=spec.schedule_value,
+        start_date=datetime(2024, 1, 1),
+        catchup=False,
+        max_active_runs=1,
+        default_args=default_args,
+        tags=["microbatch", *spec.tags],
+        doc_md=f"Exactly-once micro-batches of `{', '.join(spec.source.topics)}` into "
+        f"`{', '.join(s.table for s in spec.sinks)}`. Spec: `include/pipelines/{spec.name}.yaml`.",
+    ) as dag:
+
+        @task(task_id="plan")
+        def plan(**context: Any) -> int:
+            from microbatch.planner import plan_next_batch
+            from microbatch.reporting import log_plan_summary
+
+            try:
+                outcome = plan_next_batch(
+                    spec, ledger_url(), kafka_bootstrap(spec.source.connection), context["run_id"]
+                )
+            except MicrobatchError as exc:
+                _fail(exc)
+            log_plan_summary(log, spec.name, outcome)
+            if outcome.batch_id is None:
+                raise AirflowSkipException("nothing new to read")
+            return outcome.batch_id
+
+        stage = StageBatchOperator(
+            task_id="stage",
+            pipeline=spec.name,
+            kafka_conn_id=spec.source.connection,
+            conn_id=spec.spark.connection,
+            spark_conf=spec.spark.conf,
+        )
+
+        @task(task_id="commit", outlets=assets)
+        def commit(batch_id: int, **context: Any) -> dict[str, Any]:
+            from microbatch.commit import commit_batch
+            from microbatch.failpoints import hit
+            from microbatch.kafka_offsets import mirror_group_offsets
+            from microbatch.ledger.database import transaction
+            from microbatch.reporting import log_commit_summary
+
+            url = ledger_url()
+            try:
+                with transaction(url) as session:
+                    result = commit_batch(session, spec, int(batch_id))
+            except MicrobatchError as exc:
+                _fail(exc)
+            hit("commit.after_commit")
+            log_commit_summary(log, spec.name, result)
+            if spec.source.commit_group_offsets and result.moves:
+                mirror_group_offsets(
+                    kafka_bootstrap(spec.source.connection), spec.group_id, {m.tp: m.after for m in result.moves}
+                )
+            summary = {
+                "batch_id": result.batch_id,
+                "attempt": result.attempt,
+                "already_committed": result.already_committed,
+                "rows_by_sink": result.rows_by_sink,
+                "dead_letters": result.dead_letters,
+                "positions": {str(m.tp): m.after for m in result.moves},
+            }
+            for asset in assets:
+                context["outlet_events"][asset].extra = summary
+            return summary
+
+        batch_id = plan()
+        batch_id >> stage >> commit(batch_id)
+    return dag
+
+
+def pipeline_dag(name: str) -> DAG:
+    """Build the DAG of the pipeline `name`; a bad spec raises here, breaking only this DAG file."""
+    return build_dag(find_spec(name))

@@ -1,0 +1,248 @@
+"""The `microbatch` operator CLI (Typer + Rich)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from microbatch import localenv
+from microbatch.errors import MicrobatchError
+
+app = typer.Typer(help="Exactly-once Kafka micro-batches: ledger, data and local stack.", no_args_is_help=True)
+console = Console()
+JsonFlag = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
+
+
+def _ledger_url() -> str:
+    from microbatch.ledger.database import ledger_url_from_env
+
+    return ledger_url_from_env()
+
+
+def _fail(exc: MicrobatchError) -> None:
+    console.print(f"[red]error:[/red] {exc}")
+    raise typer.Exit(2)
+
+
+@app.command()
+def migrate() -> None:
+    """Create or upgrade the ledger schema (Alembic upgrade head)."""
+    from microbatch.ledger.database import migrate as run_migrate
+
+    try:
+        revision = run_migrate(_ledger_url())
+    except MicrobatchError as exc:
+        _fail(exc)
+    console.print(f"ledger schema at revision {revision}")
+
+
+app.command("init-db", help="Alias of migrate.")(migrate)
+
+
+@app.command()
+def generate(
+    count: Annotated[int, typer.Option(min=1, help="Number of lines.")] = 10_000,
+    topic: str = "ip_count_source",
+    partitions: Annotated[int, typer.Option(min=1)] = 4,
+    ips: Annotated[int, typer.Option(min=1, help="Distinct client IPs.")] = 50,
+    span_seconds: Annotated[int, typer.Option(min=1, help="Event-time span of the lines.")] = 60,
+    out_of_order: Annotated[float, typer.Option(min=0.0, max=1.0, help="Share of lines moved back in time.")] = 0.1,
+    malformed: Annotated[float, typer.Option(min=0.0, max=1.0, help="Share of unparseable lines.")] = 0.02,
+    seed: int = 7,
+) -> None:
+    """Produce sample nginx access-log lines into a topic (created if missing)."""
+    from microbatch.datagen import generate_lines, produce_lines
+    from microbatch.devstack import create_topic
+    from microbatch.kafka_offsets import bootstrap_from_env
+
+    try:
+        bootstrap = bootstrap_from_env()
+    except MicrobatchError as exc:
+        _fail(exc)
+    create_topic(bootstrap, topic, partitions)
+    lines = generate_lines(count, ips=ips, span_seconds=span_seconds, out_of_order=out_of_order,
+                           malformed=malformed, seed=seed)
+    columns = (TextColumn("producing"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=console, disable=not console.is_terminal) as progress:
+        bar = progress.add_task("produce", total=count)
+        sent = len(produce_lines(bootstrap, topic, lines, lambda n: progress.advance(bar, n)))
+    bad = sum(1 for line in lines if line.malformed)
+    console.print(f"produced {sent} lines to {topic} ({bad} malformed)")
+
+
+@app.command()
+def run(
+    pipeline: str,
+    max_runs: Annotated[int, typer.Option(min=1, help="Stop after this many DAG runs.")] = 20,
+) -> None:
+    """Run the pipeline's DAG locally (dag.test) until it has caught up with Kafka."""
+    from microbatch.runner import run_until_caught_up
+
+    outcomes = run_until_caught_up(pipeline, max_runs)
+    for outcome in outcomes:
+        console.print(f"{outcome.run_id}: {outcome.state} {outcome.task_states}")
+    if outcomes and outcomes[-1].state != "success":
+        raise typer.Exit(1)
+
+
+@app.command()
+def status(pipeline: str, as_json: JsonFlag = False) -> None:
+    """Per partition: position, latest offset, lag, last batch."""
+    from microbatch.config import find_spec
+    from microbatch.kafka_offsets import bootstrap_from_env, discover_partitions, offset_bounds, offsets_client
+    from microbatch.ledger import repository as repo
+    from microbatch.ledger.database import transaction
+
+    try:
+        spec = find_spec(pipeline)
+        with offsets_client(bootstrap_from_env(), spec.source.isolation_level) as consumer:
+            _, latest = offset_bounds(consumer, discover_partitions(consumer, spec.source.topics))
+        with transaction(_ledger_url()) as session:
+            record = repo.get_pipeline(session, pipeline)
+            positions = repo.read_positions(session, record.id) if record else {}
+    except MicrobatchError as exc:
+        _fail(exc)
+    rows = [
+        {"partition": str(tp), "position": positions.get(tp), "latest": end,
+         "lag": end - positions[tp] if tp in positions else None}
+        for tp, end in sorted(latest.items())
+    ]
+    if as_json:
+        print(json.dumps(rows))
+        return
+    table = Table(title=f"{pipeline}: positions")
+    for column in ("partition", "position", "latest", "lag"):
+        table.add_column(column, justify="right" if column != "partition" else "left")
+    for row in rows:
+        table.add_row(*(str("-" if v is None else v) for v in row.values()))
+    console.print(table)
+
+
+@app.command()
+def verify(pipeline: str, as_json: JsonFlag = False) -> None:
+    """Audit the ledger: committed ranges and gaps cover every offset up to each position, no overlap."""
+    from microbatch.ledger import repository as repo
+    from microbatch.ledger.database import transaction
+    from microbatch.planning import find_holes, find_overlaps
+
+    try:
+        with transaction(_ledger_url()) as session:
+            record = repo.get_pipeline(session, pipeline)
+            if record is None:
+                _fail(MicrobatchError(f"The ledger has no pipeline '{pipeline}'.", fix="Run it first."))
+            ranges = repo.committed_ranges(session, record.id)
+            gaps = repo.committed_gaps(session, record.id)
+            positions = repo.read_positions(session, record.id)
+    except MicrobatchError as exc:
+        _fail(exc)
+    problems = [f"overlap: {a} and {b}" for a, b in find_overlaps(ranges)] + find_holes(ranges, gaps, positions)
+    if as_json:
+        print(json.dumps({"ok": not problems, "ranges": len(ranges), "gaps": len(gaps), "problems": problems}))
+    elif problems:
+        for problem in problems:
+            console.print(f"[red]violation[/red] {problem}")
+    else:
+        console.print(f"ok: {len(ranges)} committed ranges and {len(gaps)} gaps cover {len(positions)} partitions "
+                      "with no hole and no overlap")
+    if problems:
+        raise typer.Exit(1)
+
+
+@app.command()
+def counts(limit: Annotated[int, typer.Option(min=1)] = 15) -> None:
+    """The ip_count sink: the busiest (window, ip) pairs and the totals."""
+    from sqlalchemy import text
+
+    from microbatch.ledger.database import transaction
+
+    with transaction(_ledger_url()) as session:
+        top = session.execute(text(
+            "SELECT window_start, window_end, ip, count FROM ip_counts ORDER BY count DESC, window_start, ip LIMIT :n"
+        ), {"n": limit}).all()
+        windows, rows, total = session.execute(
+            text("SELECT count(DISTINCT window_start), count(*), coalesce(sum(count), 0) FROM ip_counts")
+        ).one()
+        dead = session.execute(text("SELECT count(*) FROM dead_letters")).scalar_one()
+    table = Table(title=f"ip_counts: {total} requests in {rows} rows over {windows} windows; {dead} dead letters")
+    for column in ("window_start", "window_end", "ip", "count"):
+        table.add_column(column)
+    for row in top:
+        table.add_row(f"{row[0]:%H:%M:%S}", f"{row[1]:%H:%M:%S}", row[2], str(row[3]))
+    console.print(table)
+
+
+@app.command()
+def positions(pipeline: str) -> None:
+    """The ledger's committed positions and batches, without touching Kafka."""
+    from microbatch.ledger import repository as repo
+    from microbatch.ledger.database import transaction
+
+    with transaction(_ledger_url()) as session:
+        record = repo.get_pipeline(session, pipeline)
+        if record is None:
+            _fail(MicrobatchError(f"The ledger has no pipeline '{pipeline}'.", fix="Run it first."))
+        table = Table(title=f"{pipeline}: committed positions")
+        table.add_column("partition")
+        table.add_column("next offset", justify="right")
+        for tp, offset in sorted(repo.read_positions(session, record.id).items()):
+            table.add_row(str(tp), str(offset))
+        console.print(table)
+        history = Table(title=f"{pipeline}: recent batches")
+        for column in ("batch", "kind", "state", "attempt", "records", "dead letters", "run id"):
+            history.add_column(column)
+        for batch in repo.recent_batches(session, record.id, 10):
+            history.add_row(str(batch.id), batch.kind, batch.state, str(batch.attempt),
+                            str(batch.counts.get("records", "-")), str(batch.counts.get("dead_letters", "-")),
+                            batch.airflow_run_id or "-")
+        console.print(history)
+
+
+@app.command()
+def demo(count: int = 10_000) -> None:
+    """The whole path on the local stack: services, data, the ip_count DAG, the results."""
+    from microbatch import devstack
+    from microbatch.ledger.database import migrate as run_migrate
+
+    localenv.apply()
+    env = devstack.up()
+    os.environ.update(env)
+    run_migrate(env["MICROBATCH_LEDGER_URL"])
+    generate(count=count, topic="ip_count_source", partitions=4, ips=20, span_seconds=60, out_of_order=0.1,
+             malformed=0.02, seed=int.from_bytes(os.urandom(2), "big"))
+    run("ip_count", max_runs=20)
+    counts()
+    positions("ip_count")
+    console.print("The services keep running; stop them with `make down`.")
+
+
+@app.command()
+def airflow() -> None:
+    """Start the local services and `airflow standalone` with this project's dags/ and plugins/."""
+    from microbatch import devstack
+    from microbatch.ledger.database import migrate as run_migrate
+
+    localenv.apply()
+    env = devstack.up()
+    os.environ.update(env)
+    run_migrate(env["MICROBATCH_LEDGER_URL"])
+    console.print(f"Airflow UI on http://127.0.0.1:8080 (AIRFLOW_HOME={os.environ['AIRFLOW_HOME']})")
+    airflow_bin = os.path.join(os.path.dirname(sys.executable), "airflow")
+    os.execv(airflow_bin, [airflow_bin, "standalone"])
+
+
+def main() -> None:
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    localenv.apply()
+    app()
+
+
+if __name__ == "__main__":
+    main()

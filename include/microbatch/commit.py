@@ -1,0 +1,175 @@
+"""The commit phase (Flink's `notifyCheckpointComplete` -> `commit`), in ONE transaction:
+lock the batch, compare-and-set every position, mark its ranges committed (the exclusion
+constraint refuses overlaps), merge staged rows into the sinks with set-based SQL, move dead
+letters, update the pipeline state, mark the batch committed and delete its staging rows.
+
+`commit_batch` takes the caller's session and never commits: the caller's COMMIT is the
+single point where the batch becomes visible (invariant 2).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+
+from sqlalchemy import text
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from microbatch import failpoints
+from microbatch.config import PipelineSpec, PostgresAggregateSink
+from microbatch.errors import ConcurrentCommitError, MicrobatchError, ZombieAttemptError
+from microbatch.ledger import repository as repo
+from microbatch.ledger.models import BatchState
+from microbatch.planning import TopicPartition
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class PositionMove:
+    tp: TopicPartition
+    before: int | None
+    after: int
+
+
+@dataclass
+class CommitResult:
+    batch_id: int
+    attempt: int
+    already_committed: bool = False
+    moves: list[PositionMove] = field(default_factory=list)
+    rows_by_sink: dict[str, int] = field(default_factory=dict)
+    dead_letters: int = 0
+    seconds: float = 0.0
+
+
+def _quote(identifier: str) -> str:
+    # Identifiers come from a validated spec (lower-case SQL identifiers); quoting is belt and braces.
+    return '"' + identifier.replace('"', '""') + '"'
+
+
+def merge_aggregate_sql(sink: PostgresAggregateSink) -> str:
+    """Set-based merge of one batch's staged partial aggregates into the sink table."""
+    keys = ", ".join(_quote(k) for k in sink.keys)
+    sums = ", ".join(f"sum({_quote(c)})" for c in sink.sum_columns)
+    updates = ", ".join(
+        f"{_quote(c)} = {_quote(sink.table)}.{_quote(c)} + EXCLUDED.{_quote(c)}" for c in sink.sum_columns
+    )
+    return (
+        f"INSERT INTO {_quote(sink.table)} ({keys}, {', '.join(_quote(c) for c in sink.sum_columns)}) "
+        f"SELECT {keys}, {sums} FROM {_quote(sink.staging_table)} "
+        f"WHERE batch_id = :batch_id AND attempt = :attempt GROUP BY {keys} "
+        f"ON CONFLICT ({keys}) DO UPDATE SET {updates}"
+    )
+
+
+def _compare_and_set(
+    session: Session, pipeline_id: int, batch_id: int, tp: TopicPartition, start: int, end: int
+) -> int | None:
+    """Move one position from `start` to `end`; a partition never seen before gets its first row."""
+    params = {"p": pipeline_id, "t": tp.topic, "n": tp.partition, "start": start, "end": end, "b": batch_id}
+    moved = session.execute(
+        text(
+            "UPDATE positions SET next_offset = :end, last_batch_id = :b, updated_at = now() "
+            "WHERE pipeline_id = :p AND topic = :t AND partition = :n AND next_offset = :start"
+        ),
+        params,
+    ).rowcount
+    if moved == 1:
+        return start
+    inserted = session.execute(
+        text(
+            "INSERT INTO positions (pipeline_id, topic, partition, next_offset, last_batch_id) "
+            "VALUES (:p, :t, :n, :end, :b) ON CONFLICT DO NOTHING"
+        ),
+        params,
+    ).rowcount
+    if inserted == 1:
+        return None
+    current = session.execute(
+        text("SELECT next_offset FROM positions WHERE pipeline_id = :p AND topic = :t AND partition = :n"), params
+    ).scalar_one()
+    raise ConcurrentCommitError(
+        f"{tp}: the ledger position is {current}, not {start} as batch {batch_id} expected; "
+        "another batch committed these offsets first.",
+        fix="Nothing was written. Abandon this batch with `microbatch history` to inspect it.",
+    )
+
+
+def commit_batch(session: Session, spec: PipelineSpec, batch_id: int) -> CommitResult:
+    """Commit a staged batch inside the caller's transaction; a committed batch is a no-op."""
+    started = time.monotonic()
+    batch = repo.get_batch(session, batch_id, lock=True)
+    result = CommitResult(batch_id=batch_id, attempt=batch.attempt)
+    if batch.state == BatchState.COMMITTED.value:
+        result.already_committed = True
+        return result
+    if batch.state != BatchState.STAGED.value or batch.staged_attempt != batch.attempt:
+        raise ZombieAttemptError(
+            f"Batch {batch_id} is {batch.state} at attempt {batch.attempt}, not staged by its current attempt; "
+            "a newer attempt owns it.",
+            fix="Let the newer attempt finish; this run's staged rows are discarded.",
+        )
+    attempt = batch.attempt
+    pipeline = repo.get_pipeline(session, spec.name)
+    if pipeline is None or pipeline.id != batch.pipeline_id:
+        raise MicrobatchError(f"Batch {batch_id} does not belong to pipeline {spec.name}.", fix="Check the batch id.")
+
+    ranges = repo.batch_ranges(session, batch_id)
+    gaps = {(g.topic, g.partition): g for g in repo.batch_gaps(session, batch_id)}
+    ends = {r.tp: r for r in ranges}
+    for tp in sorted(set(ends) | {TopicPartition(*key) for key in gaps}):
+        gap = gaps.get((tp.topic, tp.partition))
+        rng = ends.get(tp)
+        start = gap.start if gap else rng.start  # type: ignore[union-attr]
+        end = rng.end if rng else gap.end  # type: ignore[union-attr]
+        before = _compare_and_set(session, pipeline.id, batch_id, tp, start, end)
+        result.moves.append(PositionMove(tp, before, end))
+
+    try:
+        with session.begin_nested():
+            session.execute(text("UPDATE ranges SET committed = true WHERE batch_id = :b"), {"b": batch_id})
+    except IntegrityError:
+        raise ConcurrentCommitError(
+            f"Batch {batch_id} overlaps offsets that another batch already committed; the database refused it.",
+            fix="Nothing was written. Inspect the batch with `microbatch history`.",
+        ) from None
+
+    staged_rows = dict(batch.counts.get("rows_by_sink", {}))
+    params = {"batch_id": batch_id, "attempt": attempt}
+    for sink in spec.sinks:
+        found = session.execute(
+            text(
+                f"SELECT count(*) FROM {_quote(sink.staging_table)} "
+                "WHERE batch_id = :batch_id AND attempt = :attempt"
+            ),
+            params,
+        ).scalar_one()
+        if found != staged_rows.get(sink.name, 0):
+            raise MicrobatchError(
+                f"Batch {batch_id} attempt {attempt}: {found} rows are staged for sink {sink.name} "
+                f"but the stage recorded {staged_rows.get(sink.name, 0)}.",
+                fix="Nothing was written; the retry stages the batch again.",
+            )
+        result.rows_by_sink[sink.name] = session.execute(text(merge_aggregate_sql(sink)), params).rowcount
+    result.dead_letters = session.execute(
+        text(
+            'INSERT INTO dead_letters (pipeline_id, batch_id, topic, partition, "offset", raw, error) '
+            'SELECT :pipeline_id, batch_id, topic, partition, "offset", raw, error FROM stage_dead_letters '
+            "WHERE batch_id = :batch_id AND attempt = :attempt"
+        ),
+        {**params, "pipeline_id": pipeline.id},
+    ).rowcount
+
+    pipeline.state = dict(batch.state_after or {})
+    batch.state = BatchState.COMMITTED.value
+    batch.committed_at = session.execute(text("SELECT now()")).scalar_one()
+    for table in [sink.staging_table for sink in spec.sinks] + ["stage_dead_letters"]:
+        session.execute(text(f"DELETE FROM {_quote(table)} WHERE batch_id = :batch_id"), params)
+    result.seconds = time.monotonic() - started
+    batch.timings = {**batch.timings, "commit_s": round(result.seconds, 3)}
+    session.flush()
+    failpoints.hit("commit.before_commit")
+    return result

@@ -1,0 +1,1 @@
+"""The offset ledger: models, the repository (session in, never commits) and migrations."""

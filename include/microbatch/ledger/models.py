@@ -1,0 +1,149 @@
+"""The offset ledger: SQLAlchemy 2 models. The schema itself comes from Alembic migrations."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from enum import StrEnum
+from typing import Any
+
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    DateTime,
+    ForeignKey,
+    Integer,
+    LargeBinary,
+    MetaData,
+    Text,
+    func,
+)
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+NAMING = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING)
+    type_annotation_map = {dict[str, Any]: JSONB}
+
+
+class BatchState(StrEnum):
+    PLANNED = "planned"
+    STAGED = "staged"
+    COMMITTED = "committed"
+    FAILED = "failed"
+    ABANDONED = "abandoned"
+
+
+OPEN_STATES = (BatchState.PLANNED.value, BatchState.STAGED.value)
+
+
+class BatchKind(StrEnum):
+    SCHEDULED = "scheduled"
+    BACKFILL = "backfill"
+
+
+class Pipeline(Base):
+    """One row per pipeline; `state` is the pipeline state as of its last committed batch."""
+
+    __tablename__ = "pipelines"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(Text, unique=True)
+    spec_hash: Mapped[str] = mapped_column(Text)
+    state: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+
+
+class Position(Base):
+    """The next offset to read, per pipeline and partition. Only moved by compare-and-set."""
+
+    __tablename__ = "positions"
+
+    pipeline_id: Mapped[int] = mapped_column(ForeignKey("pipelines.id"), primary_key=True)
+    topic: Mapped[str] = mapped_column(Text, primary_key=True)
+    partition: Mapped[int] = mapped_column(Integer, primary_key=True)
+    next_offset: Mapped[int] = mapped_column(BigInteger)
+    last_batch_id: Mapped[int | None] = mapped_column(BigInteger)
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+
+
+class Batch(Base):
+    """One micro-batch: planned ranges, attempts, staged counts, and the commit."""
+
+    __tablename__ = "batches"
+
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    pipeline_id: Mapped[int] = mapped_column(ForeignKey("pipelines.id"), index=True)
+    kind: Mapped[str] = mapped_column(Text, default=BatchKind.SCHEDULED.value)
+    state: Mapped[str] = mapped_column(Text, default=BatchState.PLANNED.value)
+    attempt: Mapped[int] = mapped_column(Integer, default=0)
+    staged_attempt: Mapped[int | None] = mapped_column(Integer)
+    state_before: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    state_after: Mapped[dict[str, Any] | None] = mapped_column()
+    counts: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    timings: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    airflow_run_id: Mapped[str | None] = mapped_column(Text)
+    error: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+    staged_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    committed_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+
+class Range(Base):
+    """The offsets [start_offset, end_offset) of one partition that a batch reads.
+
+    Committed ranges of a partition never overlap: an exclusion constraint over
+    `int8range(start_offset, end_offset)` (btree_gist) enforces it in the database.
+    """
+
+    __tablename__ = "ranges"
+
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    batch_id: Mapped[int] = mapped_column(ForeignKey("batches.id"), index=True)
+    pipeline_id: Mapped[int] = mapped_column(ForeignKey("pipelines.id"))
+    topic: Mapped[str] = mapped_column(Text)
+    partition: Mapped[int] = mapped_column(Integer)
+    start_offset: Mapped[int] = mapped_column(BigInteger)
+    end_offset: Mapped[int] = mapped_column(BigInteger)
+    committed: Mapped[bool] = mapped_column(Boolean, default=False)
+
+
+class LedgerGap(Base):
+    """Offsets recorded as lost (retention deleted them before they were read)."""
+
+    __tablename__ = "gaps"
+
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    pipeline_id: Mapped[int] = mapped_column(ForeignKey("pipelines.id"))
+    batch_id: Mapped[int | None] = mapped_column(ForeignKey("batches.id"))
+    topic: Mapped[str] = mapped_column(Text)
+    partition: Mapped[int] = mapped_column(Integer)
+    start_offset: Mapped[int] = mapped_column(BigInteger)
+    end_offset: Mapped[int] = mapped_column(BigInteger)
+    reason: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+
+
+class DeadLetter(Base):
+    """A record the transform could not parse, with its source coordinates and raw bytes."""
+
+    __tablename__ = "dead_letters"
+
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    pipeline_id: Mapped[int] = mapped_column(ForeignKey("pipelines.id"))
+    batch_id: Mapped[int] = mapped_column(ForeignKey("batches.id"))
+    topic: Mapped[str] = mapped_column(Text)
+    partition: Mapped[int] = mapped_column(Integer)
+    offset: Mapped[int] = mapped_column(BigInteger)
+    raw: Mapped[bytes | None] = mapped_column(LargeBinary)
+    error: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())

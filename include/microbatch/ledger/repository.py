@@ -1,0 +1,198 @@
+"""Ledger reads and writes. Every function takes the caller's session and never commits:
+the caller owns the one transaction (plan, stage bookkeeping, or the commit)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from sqlalchemy import select, text, update
+from sqlalchemy.dialects.postgresql import insert
+from sqlalchemy.orm import Session
+
+from microbatch.config import PipelineSpec
+from microbatch.errors import MicrobatchError, ZombieAttemptError
+from microbatch.ledger.models import (
+    OPEN_STATES,
+    Batch,
+    BatchKind,
+    BatchState,
+    LedgerGap,
+    Pipeline,
+    Position,
+    Range,
+)
+from microbatch.planning import Gap, OffsetRange, Plan, TopicPartition
+
+
+def ensure_pipeline(session: Session, spec: PipelineSpec, *, lock: bool = False) -> Pipeline:
+    """The pipeline's row, created on first use; `lock` takes it FOR UPDATE to serialize planning."""
+    session.execute(
+        insert(Pipeline)
+        .values(name=spec.name, spec_hash=spec.spec_hash(), state={})
+        .on_conflict_do_update(index_elements=[Pipeline.name], set_={"spec_hash": spec.spec_hash()})
+    )
+    query = select(Pipeline).where(Pipeline.name == spec.name)
+    if lock:
+        query = query.with_for_update()
+    return session.scalars(query).one()
+
+
+def get_pipeline(session: Session, name: str) -> Pipeline | None:
+    return session.scalars(select(Pipeline).where(Pipeline.name == name)).one_or_none()
+
+
+def read_positions(session: Session, pipeline_id: int) -> dict[TopicPartition, int]:
+    """The next offset of every partition the ledger has seen."""
+    rows = session.execute(
+        select(Position.topic, Position.partition, Position.next_offset).where(Position.pipeline_id == pipeline_id)
+    )
+    return {TopicPartition(topic, partition): offset for topic, partition, offset in rows}
+
+
+def find_open_batch(session: Session, pipeline_id: int, kind: BatchKind = BatchKind.SCHEDULED) -> Batch | None:
+    """The batch of this kind that is planned or staged but not yet committed, if any."""
+    return session.scalars(
+        select(Batch)
+        .where(Batch.pipeline_id == pipeline_id, Batch.kind == kind.value, Batch.state.in_(OPEN_STATES))
+        .order_by(Batch.id)
+        .limit(1)
+    ).one_or_none()
+
+
+def insert_batch(
+    session: Session,
+    pipeline: Pipeline,
+    plan: Plan,
+    *,
+    kind: BatchKind = BatchKind.SCHEDULED,
+    airflow_run_id: str | None = None,
+) -> Batch:
+    """Insert a planned batch with its ranges, its gaps and the pipeline state at its start."""
+    batch = Batch(
+        pipeline_id=pipeline.id,
+        kind=kind.value,
+        state=BatchState.PLANNED.value,
+        attempt=0,
+        state_before=dict(pipeline.state or {}),
+        counts={"planned_records": plan.records},
+        timings={},
+        airflow_run_id=airflow_run_id,
+    )
+    session.add(batch)
+    session.flush()
+    session.add_all(
+        Range(
+            batch_id=batch.id,
+            pipeline_id=pipeline.id,
+            topic=r.topic,
+            partition=r.partition,
+            start_offset=r.start,
+            end_offset=r.end,
+        )
+        for r in plan.ranges
+    )
+    session.add_all(
+        LedgerGap(
+            pipeline_id=pipeline.id,
+            batch_id=batch.id,
+            topic=g.topic,
+            partition=g.partition,
+            start_offset=g.start,
+            end_offset=g.end,
+            reason=g.reason,
+        )
+        for g in plan.gaps
+    )
+    session.flush()
+    return batch
+
+
+def get_batch(session: Session, batch_id: int, *, lock: bool = False) -> Batch:
+    query = select(Batch).where(Batch.id == batch_id)
+    if lock:
+        query = query.with_for_update()
+    batch = session.scalars(query).one_or_none()
+    if batch is None:
+        raise MicrobatchError(f"Batch {batch_id} does not exist in the ledger.", fix="Check the batch id.")
+    return batch
+
+
+def batch_ranges(session: Session, batch_id: int) -> list[OffsetRange]:
+    rows = session.execute(
+        select(Range.topic, Range.partition, Range.start_offset, Range.end_offset)
+        .where(Range.batch_id == batch_id)
+        .order_by(Range.topic, Range.partition, Range.start_offset)
+    )
+    return [OffsetRange(*row) for row in rows]
+
+
+def batch_gaps(session: Session, batch_id: int) -> list[Gap]:
+    rows = session.scalars(select(LedgerGap).where(LedgerGap.batch_id == batch_id))
+    return [Gap(g.topic, g.partition, g.start_offset, g.end_offset, g.reason) for g in rows]
+
+
+def begin_attempt(session: Session, batch_id: int) -> int | None:
+    """Take the next attempt number of an open batch; None if the batch is no longer open.
+
+    Any older attempt still running becomes a zombie: its attempt number no longer matches.
+    """
+    return session.execute(
+        update(Batch)
+        .where(Batch.id == batch_id, Batch.state.in_(OPEN_STATES))
+        .values(attempt=Batch.attempt + 1, state=BatchState.PLANNED.value, staged_attempt=None, error=None)
+        .returning(Batch.attempt)
+    ).scalar_one_or_none()
+
+
+def record_staged(
+    session: Session,
+    batch_id: int,
+    attempt: int,
+    counts: dict[str, Any],
+    state_after: dict[str, Any],
+    timings: dict[str, float],
+) -> None:
+    """Mark the attempt staged; refuse (ZombieAttemptError) if it is no longer the current one."""
+    batch = get_batch(session, batch_id, lock=True)
+    if batch.attempt != attempt or batch.state not in OPEN_STATES:
+        raise ZombieAttemptError(
+            f"Batch {batch_id} attempt {attempt} is superseded (current attempt {batch.attempt}, "
+            f"state {batch.state}); its staged rows will never be committed.",
+            fix="Nothing to do: the current attempt owns the batch.",
+        )
+    batch.state = BatchState.STAGED.value
+    batch.staged_attempt = attempt
+    batch.counts = {**batch.counts, **counts}
+    batch.state_after = state_after
+    batch.timings = {**batch.timings, **timings}
+    batch.staged_at = session.execute(text("SELECT now()")).scalar_one()
+
+
+def record_failure(session: Session, batch_id: int, message: str) -> None:
+    """Keep the latest error on the batch row for `microbatch history`; the batch stays open."""
+    session.execute(update(Batch).where(Batch.id == batch_id).values(error=message[:2000]))
+
+
+def committed_ranges(session: Session, pipeline_id: int) -> list[OffsetRange]:
+    rows = session.execute(
+        select(Range.topic, Range.partition, Range.start_offset, Range.end_offset)
+        .where(Range.pipeline_id == pipeline_id, Range.committed.is_(True))
+        .order_by(Range.topic, Range.partition, Range.start_offset)
+    )
+    return [OffsetRange(*row) for row in rows]
+
+
+def committed_gaps(session: Session, pipeline_id: int) -> list[Gap]:
+    rows = session.execute(
+        select(LedgerGap)
+        .join(Batch, Batch.id == LedgerGap.batch_id)
+        .where(LedgerGap.pipeline_id == pipeline_id, Batch.state == BatchState.COMMITTED.value)
+    ).scalars()
+    return [Gap(g.topic, g.partition, g.start_offset, g.end_offset, g.reason) for g in rows]
+
+
+def recent_batches(session: Session, pipeline_id: int, limit: int = 20) -> Iterable[Batch]:
+    return session.scalars(
+        select(Batch).where(Batch.pipeline_id == pipeline_id).order_by(Batch.id.desc()).limit(limit)
+    )

@@ -1,0 +1,217 @@
+"""The stage phase (Flink's `preCommit`): read exactly a batch's ranges with Spark's Kafka source,
+apply the job, and bulk-write the output to staging tables tagged (batch_id, attempt).
+
+Nothing staged is visible in a sink until the commit phase moves it there. A crash anywhere
+here leaves the batch open; the retry takes a new attempt number and stages again.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from pyspark import StorageLevel
+from pyspark.sql import Column, DataFrame, Observation, SparkSession
+from pyspark.sql import functions as F
+from sqlalchemy import make_url
+
+from microbatch import failpoints
+from microbatch.config import PipelineSpec
+from microbatch.errors import SpecError
+from microbatch.ledger import repository as repo
+from microbatch.ledger.database import transaction
+from microbatch.ledger.models import BatchState
+from microbatch.planning import OffsetRange
+from microbatch.transform import ERROR_COLUMN, SparkJob
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class StageResult:
+    batch_id: int
+    attempt: int
+    records_by_partition: dict[str, int]
+    rows_by_sink: dict[str, int]
+    dead_letters: int
+    state_after: dict[str, Any]
+    timings: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def records(self) -> int:
+        return sum(self.records_by_partition.values())
+
+
+def load_job(spec: PipelineSpec) -> SparkJob:
+    """Import the job object named by `job.transform` ('module:attribute')."""
+    module_name, _, attribute = spec.job.transform.partition(":")
+    try:
+        return getattr(importlib.import_module(module_name), attribute)
+    except (ImportError, AttributeError) as exc:
+        raise SpecError(
+            f"{spec.name}.yaml: field 'job.transform' names '{spec.job.transform}', which cannot be imported ({exc}).",
+            fix="Point it at an object in a module that spark-submit can import.",
+        ) from None
+
+
+def kafka_read_options(
+    ranges: list[OffsetRange], bootstrap_servers: str, isolation_level: str, min_partitions: int = 0
+) -> dict[str, str]:
+    """Options of Spark's Kafka source that read exactly `ranges` and fail on missing offsets."""
+    assign: dict[str, list[int]] = {}
+    starting: dict[str, dict[str, int]] = {}
+    ending: dict[str, dict[str, int]] = {}
+    for r in ranges:
+        if r.partition in assign.get(r.topic, []):
+            raise ValueError(f"{r.tp} appears twice in one batch; ranges must be one per partition")
+        assign.setdefault(r.topic, []).append(r.partition)
+        starting.setdefault(r.topic, {})[str(r.partition)] = r.start
+        ending.setdefault(r.topic, {})[str(r.partition)] = r.end
+    options = {
+        "kafka.bootstrap.servers": bootstrap_servers,
+        "assign": json.dumps(assign, sort_keys=True),
+        "startingOffsets": json.dumps(starting, sort_keys=True),
+        "endingOffsets": json.dumps(ending, sort_keys=True),
+        "failOnDataLoss": "true",
+        "kafka.isolation.level": isolation_level,
+        "includeHeaders": "false",
+    }
+    if min_partitions:
+        options["minPartitions"] = str(min_partitions)
+    return options
+
+
+def jdbc_options(ledger_url: str) -> dict[str, str]:
+    """pgjdbc options for the ledger database; the password travels only as an option."""
+    url = make_url(ledger_url)
+    return {
+        "url": f"jdbc:postgresql://{url.host or '127.0.0.1'}:{url.port or 5432}/{url.database}"
+        "?reWriteBatchedInserts=true",
+        "user": url.username or "",
+        "password": url.password or "",
+        "driver": "org.postgresql.Driver",
+        "batchsize": "10000",
+    }
+
+
+def _crash_after_records(df: DataFrame, limit: int) -> DataFrame:
+    """Failpoint `stage.read=N`: the Python worker dies after N records, mid-read."""
+
+    def guard(batches):  # noqa: ANN001, ANN202 - Arrow iterator in, out
+        seen = 0
+        for batch in batches:
+            seen += batch.num_rows
+            if seen > limit:
+                failpoints.crash("stage.read")
+            yield batch
+
+    return df.mapInArrow(guard, df.schema)
+
+
+def _write_staging(df: DataFrame, table: str, jdbc: Mapping[str, str]) -> None:
+    df.write.format("jdbc").options(**jdbc).option("dbtable", table).mode("append").save()
+
+
+def stage_batch(
+    spark: SparkSession, spec: PipelineSpec, batch_id: int, ledger_url: str, bootstrap_servers: str
+) -> StageResult | None:
+    """Stage one batch under a fresh attempt number; None if the batch is already committed."""
+    started = time.monotonic()
+    with transaction(ledger_url) as session:
+        batch = repo.get_batch(session, batch_id)
+        if batch.state == BatchState.COMMITTED.value:
+            log.info("batch %s is already committed; nothing to stage (a retry after a commit is a no-op)", batch_id)
+            return None
+        attempt = repo.begin_attempt(session, batch_id)
+        if attempt is None:
+            log.info("batch %s is %s; nothing to stage", batch_id, batch.state)
+            return None
+        ranges = repo.batch_ranges(session, batch_id)
+        state_before = dict(batch.state_before or {})
+    log.info("batch %s attempt %s: reading %s range(s)", batch_id, attempt, len(ranges))
+    for r in ranges:
+        log.info("  read %s: %s records planned", r, r.size)
+
+    job = load_job(spec)
+    options = spec.job.options
+    if not ranges:
+        raise ValueError(f"batch {batch_id} has no ranges")
+    records = spark.read.format("kafka").options(
+        **kafka_read_options(ranges, bootstrap_servers, spec.source.isolation_level, spec.source.min_spark_partitions)
+    ).load()
+    limit = failpoints.argument("stage.read")
+    if limit is not None:
+        records = _crash_after_records(records, int(limit or 0))
+
+    parsed = job.parse(records, options)
+    partition_keys = sorted({(r.topic, r.partition) for r in ranges})
+    metrics: dict[str, Column] = {
+        f"records_{i}": F.sum(F.when((F.col("topic") == t) & (F.col("partition") == p), 1).otherwise(0))
+        for i, (t, p) in enumerate(partition_keys)
+    }
+    metrics["dead_letters"] = F.sum(F.when(F.col(ERROR_COLUMN).isNotNull(), 1).otherwise(0))
+    for name, expr in job.state_metrics(options).items():
+        metrics[f"state_{name}"] = expr
+    observation = Observation(f"batch_{batch_id}_{attempt}")
+    parsed = parsed.observe(observation, *[expr.alias(name) for name, expr in metrics.items()])
+    parsed = parsed.persist(StorageLevel.MEMORY_AND_DISK)
+
+    t_read = time.monotonic()
+    parsed.count()  # one pass over Kafka: fills the cache and the observed metrics
+    values = observation.get
+    read_seconds = time.monotonic() - t_read
+    failpoints.hit("stage.after_read")
+
+    jdbc = jdbc_options(ledger_url)
+    tag = [F.lit(batch_id).cast("bigint").alias("batch_id"), F.lit(attempt).cast("int").alias("attempt")]
+    t_write = time.monotonic()
+    good = parsed.where(F.col(ERROR_COLUMN).isNull())
+    rows_by_sink: dict[str, int] = {}
+    outputs = job.outputs(good, options, state_before)
+    for sink in spec.sinks:
+        if sink.name not in outputs:
+            raise SpecError(f"{spec.name}: the job produced no output for sink '{sink.name}'.")
+        out = outputs[sink.name].select(*tag, *sink.columns).persist(StorageLevel.MEMORY_AND_DISK)
+        rows_by_sink[sink.name] = out.count()
+        _write_staging(out, sink.staging_table, jdbc)
+        out.unpersist()
+    dead = parsed.where(F.col(ERROR_COLUMN).isNotNull()).select(
+        *tag, "topic", "partition", "offset", F.col("value").alias("raw"), F.col(ERROR_COLUMN).alias("error")
+    )
+    dead_count = int(values.get("dead_letters") or 0)
+    if dead_count:
+        _write_staging(dead, "stage_dead_letters", jdbc)
+    write_seconds = time.monotonic() - t_write
+    parsed.unpersist()
+    failpoints.hit("stage.after_write")
+
+    records_by_partition = {
+        f"{t}[{p}]": int(values.get(f"records_{i}") or 0) for i, (t, p) in enumerate(partition_keys)
+    }
+    state_metrics = {name.removeprefix("state_"): v for name, v in values.items() if name.startswith("state_")}
+    state_after = job.next_state(state_before, state_metrics, options)
+    result = StageResult(
+        batch_id=batch_id,
+        attempt=attempt,
+        records_by_partition=records_by_partition,
+        rows_by_sink=rows_by_sink,
+        dead_letters=dead_count,
+        state_after=state_after,
+        timings={"read_s": round(read_seconds, 3), "stage_write_s": round(write_seconds, 3)},
+    )
+    counts = {
+        "records": result.records,
+        "records_by_partition": records_by_partition,
+        "rows_by_sink": rows_by_sink,
+        "dead_letters": dead_count,
+    }
+    with transaction(ledger_url) as session:
+        repo.record_staged(session, batch_id, attempt, counts, state_after, result.timings)
+    result.timings["stage_total_s"] = round(time.monotonic() - started, 3)
+    failpoints.hit("stage.after_staged")
+    return result

@@ -1,0 +1,37 @@
+"""The contract between the platform and a pipeline's Spark job.
+
+A job is an object with four pure methods. The platform reads exactly the batch's ranges,
+calls `parse`, observes metrics and per-partition counts in the same pass (no second read
+of Kafka), sends rows whose `error` is set to the dead-letter table, and stages `outputs`.
+Everything depends only on the records, the options and the state at the batch's start,
+so a replay gives the same result (invariant 4).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from pyspark.sql import Column, DataFrame
+
+SOURCE_COLUMNS = ("topic", "partition", "offset", "value")
+ERROR_COLUMN = "error"
+
+
+class SparkJob(Protocol):
+    def parse(self, records: DataFrame, options: Mapping[str, Any]) -> DataFrame:
+        """Keep SOURCE_COLUMNS, add parsed columns and `error` (null when the record is good)."""
+
+    def state_metrics(self, options: Mapping[str, Any]) -> dict[str, Column]:
+        """Aggregate expressions over the good parsed rows, observed during the read."""
+
+    def next_state(
+        self, state: Mapping[str, Any], metrics: Mapping[str, Any], options: Mapping[str, Any]
+    ) -> dict[str, Any]:
+        """The pipeline state after this batch, from the state before and the observed metrics."""
+
+    def outputs(
+        self, parsed: DataFrame, options: Mapping[str, Any], state: Mapping[str, Any]
+    ) -> dict[str, DataFrame]:
+        """Sink name -> the rows to stage for it, with exactly that sink's columns."""

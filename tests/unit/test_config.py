@@ -1,0 +1,84 @@
+"""Spec validation: the shipped specs load, and each bad case names the file and the field."""
+
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+import yaml
+
+from microbatch.config import PIPELINES_DIR, load_spec, spec_paths
+from microbatch.errors import SpecError
+
+
+def write(tmp_path: Path, data: dict, name: str = "demo") -> Path:
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def base() -> dict:
+    return yaml.safe_load((PIPELINES_DIR / "ip_count.yaml").read_text()) | {"name": "demo"}
+
+
+def test_every_shipped_spec_is_valid():
+    paths = spec_paths(PIPELINES_DIR)
+    assert paths, "no specs shipped"
+    for path in paths:
+        assert load_spec(path).name == path.stem
+
+
+def test_ip_count_spec_values():
+    spec = load_spec(PIPELINES_DIR / "ip_count.yaml")
+    assert spec.source.topics == ["ip_count_source"]
+    assert spec.schedule_value == timedelta(seconds=30)
+    assert spec.retries.count == 3 and spec.retries.delay_seconds == 10
+    assert spec.sinks[0].staging_table == "stage_ip_counts"
+    assert spec.group_id == "microbatch.ip_count"
+
+
+@pytest.mark.parametrize(
+    ("mutate", "message"),
+    [
+        (lambda d: d["source"].update(topicz=["x"]), "field 'source.topicz' is not a known setting"),
+        (lambda d: d.update(extra_key=1), "field 'extra_key' is not a known setting"),
+        (lambda d: d["source"].pop("topics"), "field 'source.topics' is required"),
+        (lambda d: d["source"].update(max_records_per_batch=0), "field 'source.max_records_per_batch'"),
+        (lambda d: d["source"].update(startup="sometime"), "field 'source.startup'"),
+        (lambda d: d["source"].update(topics=["a", "a"]), "lists a topic twice"),
+        (lambda d: d["source"].update(topics=["bad topic!"]), "not a valid Kafka topic name"),
+        (lambda d: d["job"].update(transform="no_colon"), "field 'job.transform' must look like"),
+        (lambda d: d["sinks"][0].update(table="Drop Table"), "field 'sinks.0.table'"),
+        (lambda d: d.update(schedule="every now and then"), "field 'schedule' must be a cron expression"),
+        (lambda d: d["retries"].update(count=-1), "field 'retries.count'"),
+    ],
+)
+def test_bad_specs_name_file_and_field(tmp_path, mutate, message):
+    data = base()
+    mutate(data)
+    with pytest.raises(SpecError) as error:
+        load_spec(write(tmp_path, data))
+    assert str(error.value).startswith("demo.yaml: ")
+    assert message in str(error.value)
+    assert "\n" not in str(error.value)
+
+
+def test_name_must_match_file(tmp_path):
+    with pytest.raises(SpecError, match="must equal the file name 'other'"):
+        load_spec(write(tmp_path, base(), name="other"))
+
+
+def test_malformed_yaml_names_the_line(tmp_path):
+    path = tmp_path / "demo.yaml"
+    path.write_text("name: demo\nsource: [unclosed\n")
+    with pytest.raises(SpecError, match=r"demo.yaml: the YAML is malformed at line \d"):
+        load_spec(path)
+
+
+def test_durations_and_presets():
+    data = base()
+    cases = [("5m", timedelta(minutes=5)), ("@continuous", "@continuous"), ("*/5 * * * *", "*/5 * * * *")]
+    for value, expected in cases:
+        data["schedule"] = value
+        from microbatch.config import PipelineSpec
+
+        assert PipelineSpec.model_validate(data).schedule_value == expected
