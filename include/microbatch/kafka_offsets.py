@@ -13,7 +13,7 @@ from contextlib import contextmanager
 
 from kafka import KafkaConsumer, OffsetAndMetadata
 from kafka import TopicPartition as KafkaTopicPartition
-from kafka.errors import KafkaError, NoBrokersAvailable
+from kafka.errors import KafkaError
 
 from microbatch.errors import ConnectionSettingsError, SpecError, TransientServiceError
 from microbatch.planning import TopicPartition
@@ -48,7 +48,7 @@ def offsets_client(
             api_version_auto_timeout_ms=10_000,
             client_id="microbatch-planner",
         )
-    except NoBrokersAvailable:
+    except KafkaError:
         raise TransientServiceError(
             f"No Kafka broker answered at {bootstrap_servers}.",
             fix="Check that the cluster is up and that the connection's host and port are right.",

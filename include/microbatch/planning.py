@@ -8,8 +8,8 @@ reads the same ranges, and the logic is unit-tested on its own (like Hudi's
 from __future__ import annotations
 
 from collections.abc import Mapping
-from itertools import pairwise
 from dataclasses import dataclass, field
+from itertools import pairwise
 
 from microbatch.config import OnDataLoss, SourceSpec, Startup
 from microbatch.errors import DataLossError, SpecError

@@ -1,0 +1,67 @@
+"""Crash recovery with real process deaths (os._exit and SIGKILL) at every failpoint of the path.
+
+Each case arms one failpoint for one firing, runs the ip_count DAG (dag.test in its own
+process, real spark-submit), lets Airflow retry or starts the next run when the whole
+process died, and then proves exactly-once: the sink equals an independent recount of
+the input, dead letters equal the malformed lines, and the ledger has no hole or overlap.
+"""
+
+from __future__ import annotations
+
+import pytest
+from sqlalchemy import text
+
+from microbatch.datagen import generate_lines, produce_lines
+from microbatch.failpoints import EXIT_CODE, FAILPOINT_DIR_ENV, FAILPOINTS_ENV
+from microbatch.ledger.database import transaction
+from tests.e2e.helpers import assert_exactly_once, run_pipeline, write_test_spec
+
+pytestmark = pytest.mark.chaos
+
+CASES = {
+    # name: (failpoint, where it kills, does the dag.test process itself die?)
+    "seeds_fail_after_7_records": ("stage.read=7", "the Spark Python worker, mid-read", False),
+    "after_staging": ("stage.after_write", "the spark-submit driver, staged rows written", False),
+    "after_staged_sigkill": ("stage.after_staged=kill", "the spark-submit driver, batch marked staged", False),
+    "inside_commit_before_commit": ("commit.before_commit", "the commit task, transaction open", True),
+    "inside_commit_sigkill": ("commit.before_commit=kill", "the commit task, transaction open", True),
+    "after_commit_before_return": ("commit.after_commit", "the commit task, after COMMIT", True),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_crash_then_recover_exactly_once(case, service_env, topic, kafka, ledger_url, tmp_path):
+    failpoint, _, kills_runner = CASES[case]
+    specs = write_test_spec(tmp_path / "pipelines", topic, max_records=2500)
+    env = {**service_env, "MICROBATCH_PIPELINES_DIR": str(specs)}
+    lines = generate_lines(5_000, ips=25, span_seconds=60, out_of_order=0.1, malformed=0.03, seed=hash(case) % 1000)
+    coords = produce_lines(kafka.bootstrap_servers, topic, lines)
+
+    if case == "seeds_fail_after_7_records":
+        # As in the seeds: some batches commit first, then the job dies after 7 records of the next one.
+        first = run_pipeline(env, max_runs=1)
+        assert first.returncode == 0, first.stdout[-2000:] + first.stderr[-2000:]
+
+    markers = tmp_path / "fired"
+    armed = {FAILPOINTS_ENV: failpoint, FAILPOINT_DIR_ENV: str(markers)}
+    crashed = run_pipeline(env, max_runs=5, extra_env=armed)
+    name = failpoint.split("=")[0]
+    assert (markers / name).exists(), f"failpoint {name} never fired:\n{crashed.stdout[-3000:]}"
+    if kills_runner:
+        assert crashed.returncode in (EXIT_CODE, -9), crashed.stdout[-2000:] + crashed.stderr[-2000:]
+        with transaction(ledger_url) as session:
+            open_batches = session.execute(text("SELECT count(*) FROM batches WHERE state IN ('planned', 'staged')"))
+            assert open_batches.scalar_one() == (0 if name == "commit.after_commit" else 1)
+        recovered = run_pipeline(env, max_runs=5, extra_env=armed)
+        assert recovered.returncode == 0, recovered.stdout[-3000:] + recovered.stderr[-3000:]
+    else:
+        # The spark-submit process died; Airflow's retry of the stage task recovered in the same run.
+        assert crashed.returncode == 0, crashed.stdout[-3000:] + crashed.stderr[-3000:]
+        with transaction(ledger_url) as session:
+            attempts = session.execute(text("SELECT max(attempt) FROM batches")).scalar_one()
+        assert attempts >= 2
+
+    assert_exactly_once(ledger_url, env, lines, coords)
+    with transaction(ledger_url) as session:
+        staged_left = session.execute(text("SELECT count(*) FROM stage_ip_counts")).scalar_one()
+    assert staged_left == 0
