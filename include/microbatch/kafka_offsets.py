@@ -13,7 +13,7 @@ from contextlib import contextmanager
 
 from kafka import KafkaConsumer, OffsetAndMetadata
 from kafka import TopicPartition as KafkaTopicPartition
-from kafka.errors import KafkaError
+from kafka.errors import KafkaConfigurationError, KafkaError
 
 from microbatch.errors import ConnectionSettingsError, SpecError, TransientServiceError
 from microbatch.planning import TopicPartition
@@ -45,9 +45,10 @@ def offsets_client(
             enable_auto_commit=False,
             isolation_level=isolation_level,
             request_timeout_ms=30_000,
-            api_version_auto_timeout_ms=10_000,
             client_id="microbatch-planner",
         )
+    except KafkaConfigurationError as exc:
+        raise ConnectionSettingsError(f"The Kafka client settings are invalid: {exc}.") from None
     except KafkaError:
         raise TransientServiceError(
             f"No Kafka broker answered at {bootstrap_servers}.",
