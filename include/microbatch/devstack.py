@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import logging
 import os
@@ -398,11 +399,8 @@ def down() -> None:
             os.kill(pid, signal.SIGTERM)
             _wait(lambda: not port_open(state["kafka_port"]), 30, "Kafka shutdown")
         except (ProcessLookupError, RuntimeError):
-            with_kill = pid
-            try:
-                os.kill(with_kill, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
     LocalPostgres(cache_dir() / "devstack" / "postgres", state.get("postgres_port")).stop()
     print("local stack stopped")
 
