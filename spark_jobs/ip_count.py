@@ -4,6 +4,12 @@ Input lines are nginx access-log lines; only the client IP and the time are used
     203.0.113.7 - - [22/Nov/2026:23:00:01 +0000] "GET / HTTP/1.1" 200 512 "-" "curl/8"
 A line without both is a dead letter. Output rows are partial counts of this batch;
 the commit adds them to `ip_counts`, so a window that spans batches stays exact.
+
+Event time follows Flink's model. The watermark is the maximum event time seen so far minus
+`allowed_lateness_seconds`; it is pipeline state, committed with the ledger. A window whose
+end is at or before the watermark is final. A record for a window that was already final
+when its batch began is late: it goes to the late-records table, never into a window that
+may already be published.
 """
 
 from __future__ import annotations
@@ -17,12 +23,33 @@ from pyspark.sql import functions as F
 LINE_PATTERN = r'^([0-9A-Fa-f.:]{3,45}) \S+ \S+ \[([^\]]+)\] "'
 IP_PATTERN = r"^(\d{1,3}\.){3}\d{1,3}$|^[0-9A-Fa-f:]*:[0-9A-Fa-f:.]*$"
 TIME_FORMAT = "dd/MMM/yyyy:HH:mm:ss Z"
+MICROS = 1_000_000
+
+
+def window_seconds(options: Mapping[str, Any]) -> int:
+    return int(options.get("window_seconds", 5))
+
+
+def lateness_us(options: Mapping[str, Any]) -> int:
+    return int(float(options.get("allowed_lateness_seconds", 5)) * MICROS)
+
+
+def watermark_after(state: Mapping[str, Any], batch_max_event_us: int | None, options: Mapping[str, Any]) -> dict:
+    """The state after a batch: the max event time seen and the watermark, which never goes back."""
+    seen = [v for v in (state.get("max_event_time_us"), batch_max_event_us) if v is not None]
+    if not seen:
+        return dict(state)
+    max_event = max(seen)
+    watermark = max_event - lateness_us(options)
+    if state.get("watermark_us") is not None:
+        watermark = max(watermark, state["watermark_us"])
+    return {**state, "max_event_time_us": max_event, "watermark_us": watermark}
 
 
 class IpCount:
     """Implements `microbatch.transform.SparkJob`."""
 
-    def parse(self, records: DataFrame, options: Mapping[str, Any]) -> DataFrame:
+    def parse(self, records: DataFrame, options: Mapping[str, Any], state: Mapping[str, Any]) -> DataFrame:
         line = F.col("value").cast("string")
         ip = F.regexp_extract(line, LINE_PATTERN, 1)
         event_time = F.try_to_timestamp(F.regexp_extract(line, LINE_PATTERN, 2), F.lit(TIME_FORMAT))
@@ -32,22 +59,29 @@ class IpCount:
             .when(~ip.rlike(IP_PATTERN), F.lit("the client IP is not an IPv4 or IPv6 address"))
             .when(event_time.isNull(), F.lit("the [time] field is not dd/MMM/yyyy:HH:mm:ss Z"))
         )
-        return records.select("topic", "partition", "offset", "value", ip.alias("ip"), event_time.alias("event_time"),
-                              error.alias("error"))
+        width = window_seconds(options)
+        window_end_us = (F.floor(F.unix_seconds(event_time) / width) * width + width) * MICROS
+        watermark = state.get("watermark_us")
+        late = F.lit(False) if watermark is None else F.coalesce(window_end_us <= F.lit(watermark), F.lit(False))
+        return records.select(
+            "topic", "partition", "offset", "value",
+            ip.alias("ip"), event_time.alias("event_time"), error.alias("error"),
+            (error.isNull() & late).alias("late"),
+        )
 
     def state_metrics(self, options: Mapping[str, Any]) -> dict[str, Column]:
-        return {"max_event_time": F.max(F.when(F.col("error").isNull(), F.unix_micros("event_time")))}
+        good = F.col("error").isNull() & ~F.col("late")
+        return {"max_event_time": F.max(F.when(good, F.unix_micros("event_time")))}
 
     def next_state(
         self, state: Mapping[str, Any], metrics: Mapping[str, Any], options: Mapping[str, Any]
     ) -> dict[str, Any]:
-        seen = [v for v in (state.get("max_event_time_us"), metrics.get("max_event_time")) if v is not None]
-        return {**state, "max_event_time_us": max(seen) if seen else None}
+        return watermark_after(state, metrics.get("max_event_time"), options)
 
     def outputs(
         self, parsed: DataFrame, options: Mapping[str, Any], state: Mapping[str, Any]
     ) -> dict[str, DataFrame]:
-        width = int(options.get("window_seconds", 5))
+        width = window_seconds(options)
         start_s = F.floor(F.unix_seconds("event_time") / width) * width
         windowed = parsed.select(
             F.timestamp_seconds(start_s).alias("window_start"),

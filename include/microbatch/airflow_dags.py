@@ -76,9 +76,18 @@ def _fail(exc: MicrobatchError) -> None:
 
 
 def sink_assets(spec: PipelineSpec) -> list[Asset]:
+    """The Postgres sinks, updated by `commit`."""
     return [
         Asset(name=f"microbatch.{spec.name}.{sink.name}", uri=f"microbatch://{spec.name}/{sink.table}")
-        for sink in spec.sinks
+        for sink in spec.aggregate_sinks
+    ]
+
+
+def topic_assets(spec: PipelineSpec) -> list[Asset]:
+    """The Kafka output topics, updated by `publish`."""
+    return [
+        Asset(name=f"microbatch.{spec.name}.{sink.name}", uri=f"microbatch://{spec.name}/kafka/{sink.topic}")
+        for sink in spec.kafka_sinks
     ]
 
 
@@ -150,7 +159,7 @@ def build_dag(spec: PipelineSpec) -> DAG:
         default_args=default_args,
         tags=["microbatch", *spec.tags],
         doc_md=f"Exactly-once micro-batches of `{', '.join(spec.source.topics)}` into "
-        f"`{', '.join(s.table for s in spec.sinks)}`. Spec: `include/pipelines/{spec.name}.yaml`.",
+        f"`{', '.join(s.name for s in spec.sinks)}`. Spec: `include/pipelines/{spec.name}.yaml`.",
     ) as dag:
 
         @task(task_id="plan")
@@ -203,6 +212,8 @@ def build_dag(spec: PipelineSpec) -> DAG:
                 "already_committed": result.already_committed,
                 "rows_by_sink": result.rows_by_sink,
                 "dead_letters": result.dead_letters,
+                "late_records": result.late_records,
+                "outbox": {name: list(bounds) for name, bounds in result.outbox.items()},
                 "positions": {str(m.tp): m.after for m in result.moves},
             }
             for asset in assets:
@@ -210,7 +221,30 @@ def build_dag(spec: PipelineSpec) -> DAG:
             return summary
 
         batch_id = plan()
-        batch_id >> stage >> commit(batch_id)
+        committed = commit(batch_id)
+        batch_id >> stage >> committed
+
+        if spec.kafka_sinks:
+
+            # Runs after a skipped (nothing new) run too, so a failed publish is finished by the next run.
+            @task(task_id="publish", outlets=topic_assets(spec), trigger_rule="none_failed")
+            def publish(**context: Any) -> dict[str, Any]:
+                from microbatch.publisher import publish_sink
+                from microbatch.reporting import log_publish_summary
+
+                url = ledger_url()
+                summary = {}
+                for sink in spec.kafka_sinks:
+                    try:
+                        result = publish_sink(spec, sink, url, kafka_bootstrap(sink.connection))
+                    except MicrobatchError as exc:
+                        _fail(exc)
+                    log_publish_summary(log, spec.name, result)
+                    summary[sink.name] = {"first_seq": result.first_seq, "last_seq": result.last_seq,
+                                          "records": result.records, "transactions": result.transactions}
+                return summary
+
+            committed >> publish()
     return dag
 
 

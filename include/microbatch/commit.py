@@ -1,7 +1,8 @@
 """The commit phase (Flink's `notifyCheckpointComplete` -> `commit`), in ONE transaction:
-lock the batch, compare-and-set every position, mark its ranges committed (the exclusion
-constraint refuses overlaps), merge staged rows into the sinks with set-based SQL, move dead
-letters, update the pipeline state, mark the batch committed and delete its staging rows.
+lock the batch and its pipeline, compare-and-set every position, mark its ranges committed
+(the exclusion constraint refuses overlaps), merge staged rows into the sinks with set-based
+SQL, move dead letters and late records, write an outbox row per window that became final,
+update the pipeline state, mark the batch committed and delete its staging rows.
 
 `commit_batch` takes the caller's session and never commits: the caller's COMMIT is the
 single point where the batch becomes visible (invariant 2).
@@ -12,13 +13,14 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 
 from sqlalchemy import text
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from microbatch import failpoints
-from microbatch.config import PipelineSpec, PostgresAggregateSink
+from microbatch.config import KafkaSink, PipelineSpec, PostgresAggregateSink
 from microbatch.errors import ConcurrentCommitError, MicrobatchError, ZombieAttemptError
 from microbatch.ledger import repository as repo
 from microbatch.ledger.models import BatchState
@@ -42,6 +44,11 @@ class CommitResult:
     moves: list[PositionMove] = field(default_factory=list)
     rows_by_sink: dict[str, int] = field(default_factory=dict)
     dead_letters: int = 0
+    late_records: int = 0
+    outbox: dict[str, tuple[int, int]] = field(default_factory=dict)
+    """Kafka sink -> (first, last) outbox sequence written by this batch."""
+    watermark_before: int | None = None
+    watermark_after: int | None = None
     seconds: float = 0.0
 
 
@@ -63,6 +70,28 @@ def merge_aggregate_sql(sink: PostgresAggregateSink) -> str:
         f"WHERE batch_id = :batch_id AND attempt = :attempt GROUP BY {keys} "
         f"ON CONFLICT ({keys}) DO UPDATE SET {updates}"
     )
+
+
+def outbox_sql(sink: KafkaSink, source: PostgresAggregateSink) -> str:
+    """One outbox row per key of each window of `source` that became final in this batch, in
+    a stable order, numbered after the sink's last sequence (gap-free; the pipeline row is locked)."""
+    assert source.window is not None
+    window_end = _quote(source.window.end)
+    order = ", ".join(_quote(k) for k in source.keys)
+    columns = ", ".join(_quote(c) for c in source.columns)
+    return (
+        "INSERT INTO outbox (pipeline_id, sink, seq, batch_id, key, value) "
+        "SELECT :pipeline_id, :sink, base.seq + row_number() OVER (ORDER BY " + order + "), :batch_id, "
+        f"final.{_quote(sink.key)}::text, to_jsonb(final) "
+        f"FROM (SELECT {columns} FROM {_quote(source.table)} "
+        f"WHERE {window_end} > coalesce(:low, '-infinity'::timestamptz) AND {window_end} <= :high) AS final, "
+        "(SELECT coalesce(max(seq), 0) AS seq FROM outbox WHERE pipeline_id = :pipeline_id AND sink = :sink) AS base "
+        "RETURNING seq"
+    )
+
+
+def _micros_to_timestamp(value: int | None) -> datetime | None:
+    return None if value is None else datetime.fromtimestamp(value / 1_000_000, tz=UTC)
 
 
 def _compare_and_set(
@@ -113,7 +142,7 @@ def commit_batch(session: Session, spec: PipelineSpec, batch_id: int) -> CommitR
             fix="Let the newer attempt finish; this run's staged rows are discarded.",
         )
     attempt = batch.attempt
-    pipeline = repo.get_pipeline(session, spec.name)
+    pipeline = repo.get_pipeline(session, spec.name, lock=True)  # serializes commits of one pipeline
     if pipeline is None or pipeline.id != batch.pipeline_id:
         raise MicrobatchError(f"Batch {batch_id} does not belong to pipeline {spec.name}.", fix="Check the batch id.")
 
@@ -139,7 +168,7 @@ def commit_batch(session: Session, spec: PipelineSpec, batch_id: int) -> CommitR
 
     staged_rows = dict(batch.counts.get("rows_by_sink", {}))
     params = {"batch_id": batch_id, "attempt": attempt}
-    for sink in spec.sinks:
+    for sink in spec.aggregate_sinks:
         found = session.execute(
             text(
                 f"SELECT count(*) FROM {_quote(sink.staging_table)} "
@@ -163,10 +192,33 @@ def commit_batch(session: Session, spec: PipelineSpec, batch_id: int) -> CommitR
         {**params, "pipeline_id": pipeline.id},
     ).rowcount
 
+    result.late_records = session.execute(
+        text(
+            'INSERT INTO late_records (pipeline_id, batch_id, topic, partition, "offset", event_time, raw, watermark) '
+            'SELECT :pipeline_id, batch_id, topic, partition, "offset", event_time, raw, :watermark '
+            "FROM stage_late_records WHERE batch_id = :batch_id AND attempt = :attempt"
+        ),
+        {**params, "pipeline_id": pipeline.id,
+         "watermark": _micros_to_timestamp((batch.state_before or {}).get("watermark_us"))},
+    ).rowcount
+    result.watermark_before = (batch.state_before or {}).get("watermark_us")
+    result.watermark_after = (batch.state_after or {}).get("watermark_us")
+    sources = {s.name: s for s in spec.aggregate_sinks}
+    if result.watermark_after is not None and result.watermark_after != result.watermark_before:
+        for kafka_sink in spec.kafka_sinks:
+            seqs = session.execute(
+                text(outbox_sql(kafka_sink, sources[kafka_sink.source])),
+                {"pipeline_id": pipeline.id, "sink": kafka_sink.name, "batch_id": batch_id,
+                 "low": _micros_to_timestamp(result.watermark_before),
+                 "high": _micros_to_timestamp(result.watermark_after)},
+            ).scalars().all()
+            if seqs:
+                result.outbox[kafka_sink.name] = (min(seqs), max(seqs))
+
     pipeline.state = dict(batch.state_after or {})
     batch.state = BatchState.COMMITTED.value
     batch.committed_at = session.execute(text("SELECT now()")).scalar_one()
-    for table in [sink.staging_table for sink in spec.sinks] + ["stage_dead_letters"]:
+    for table in [sink.staging_table for sink in spec.aggregate_sinks] + ["stage_dead_letters", "stage_late_records"]:
         session.execute(text(f"DELETE FROM {_quote(table)} WHERE batch_id = :batch_id"), params)
     result.seconds = time.monotonic() - started
     batch.timings = {**batch.timings, "commit_s": round(result.seconds, 3)}

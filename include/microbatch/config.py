@@ -14,7 +14,7 @@ import re
 from datetime import timedelta
 from enum import StrEnum
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -91,6 +91,24 @@ class JobSpec(_Strict):
         return value
 
 
+def _check_identifier(value: str) -> str:
+    if not _IDENTIFIER.fullmatch(value):
+        raise ValueError(f"'{value}' must be a lower-case SQL identifier (letters, digits, underscore)")
+    return value
+
+
+class WindowSpec(_Strict):
+    """The event-time window columns of an aggregate sink; a window is final once the watermark passes its end."""
+
+    start: str = "window_start"
+    end: str = "window_end"
+
+    @field_validator("start", "end")
+    @classmethod
+    def _identifier(cls, value: str) -> str:
+        return _check_identifier(value)
+
+
 class PostgresAggregateSink(_Strict):
     """A Postgres table whose numeric columns are summed on conflict of its key columns."""
 
@@ -99,21 +117,24 @@ class PostgresAggregateSink(_Strict):
     table: str
     keys: list[str] = Field(min_length=1)
     sum_columns: list[str] = Field(min_length=1)
+    window: WindowSpec | None = None
+    """Set for event-time windowed aggregates: finality (and publishing) follows the watermark."""
 
     @field_validator("name", "table")
     @classmethod
     def _identifier(cls, value: str) -> str:
-        if not _IDENTIFIER.fullmatch(value):
-            raise ValueError("must be a lower-case SQL identifier (letters, digits, underscore)")
-        return value
+        return _check_identifier(value)
 
     @field_validator("keys", "sum_columns")
     @classmethod
     def _identifiers(cls, values: list[str]) -> list[str]:
-        for value in values:
-            if not _IDENTIFIER.fullmatch(value):
-                raise ValueError(f"'{value}' must be a lower-case SQL identifier")
-        return values
+        return [_check_identifier(v) for v in values]
+
+    @model_validator(mode="after")
+    def _window_in_keys(self) -> PostgresAggregateSink:
+        if self.window and not {self.window.start, self.window.end} <= set(self.keys):
+            raise ValueError("window: its start and end columns must be among the keys")
+        return self
 
     @property
     def staging_table(self) -> str:
@@ -125,8 +146,32 @@ class PostgresAggregateSink(_Strict):
         return [*self.keys, *self.sum_columns]
 
 
-# One sink type so far; more become a discriminated union on `type`.
-SinkSpec = PostgresAggregateSink
+class KafkaSink(_Strict):
+    """Publishes the final windows of an aggregate sink to a Kafka topic, exactly once, via the outbox."""
+
+    name: str
+    type: Literal["kafka"]
+    topic: str
+    source: str
+    """The name of the windowed `postgres_aggregate` sink whose final windows are published."""
+    key: str
+    """The column used as the Kafka record key."""
+    connection: str = "kafka_default"
+    transaction_size: int = Field(default=500, gt=0, le=100_000)
+    """Records per Kafka transaction."""
+
+    @field_validator("name", "key")
+    @classmethod
+    def _identifier(cls, value: str) -> str:
+        return _check_identifier(value)
+
+    @property
+    def transactional_id(self) -> str:
+        return f"microbatch.{self.name}"
+
+
+SinkSpec = Annotated[PostgresAggregateSink | KafkaSink, Field(discriminator="type")]
+_SINK_TAGS = {"postgres_aggregate", "kafka"}
 
 
 class RetrySpec(_Strict):
@@ -179,7 +224,23 @@ class PipelineSpec(_Strict):
         names = [sink.name for sink in self.sinks]
         if len(set(names)) != len(names):
             raise ValueError("sinks: two sinks share a name; give each sink its own name")
+        aggregates = {s.name: s for s in self.sinks if isinstance(s, PostgresAggregateSink)}
+        for sink in self.kafka_sinks:
+            source = aggregates.get(sink.source)
+            if source is None or source.window is None:
+                raise ValueError(f"sinks: kafka sink '{sink.name}' must name a windowed postgres_aggregate sink "
+                                 "in 'source'")
+            if sink.key not in source.columns:
+                raise ValueError(f"sinks: kafka sink '{sink.name}' key '{sink.key}' is not a column of '{source.name}'")
         return self
+
+    @property
+    def aggregate_sinks(self) -> list[PostgresAggregateSink]:
+        return [s for s in self.sinks if isinstance(s, PostgresAggregateSink)]
+
+    @property
+    def kafka_sinks(self) -> list[KafkaSink]:
+        return [s for s in self.sinks if isinstance(s, KafkaSink)]
 
     @property
     def group_id(self) -> str:
@@ -204,7 +265,7 @@ class PipelineSpec(_Strict):
 
 def _describe(error: ValidationError, path: Path) -> str:
     first = error.errors()[0]
-    field = ".".join(str(part) for part in first["loc"]) or "(top level)"
+    field = ".".join(str(part) for part in first["loc"] if part not in _SINK_TAGS) or "(top level)"
     message = first["msg"].removeprefix("Value error, ")
     if first["type"] == "extra_forbidden":
         message = "is not a known setting; remove it or fix its spelling"

@@ -27,7 +27,7 @@ from microbatch.ledger import repository as repo
 from microbatch.ledger.database import transaction
 from microbatch.ledger.models import BatchState
 from microbatch.planning import OffsetRange
-from microbatch.transform import ERROR_COLUMN, SparkJob
+from microbatch.transform import ERROR_COLUMN, LATE_COLUMN, SparkJob
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +39,7 @@ class StageResult:
     records_by_partition: dict[str, int]
     rows_by_sink: dict[str, int]
     dead_letters: int
+    late_records: int
     state_after: dict[str, Any]
     timings: dict[str, float] = field(default_factory=dict)
 
@@ -148,13 +149,14 @@ def stage_batch(
     if limit is not None:
         records = _crash_after_records(records, int(limit or 0))
 
-    parsed = job.parse(records, options)
+    parsed = job.parse(records, options, state_before)
     partition_keys = sorted({(r.topic, r.partition) for r in ranges})
     metrics: dict[str, Column] = {
         f"records_{i}": F.sum(F.when((F.col("topic") == t) & (F.col("partition") == p), 1).otherwise(0))
         for i, (t, p) in enumerate(partition_keys)
     }
     metrics["dead_letters"] = F.sum(F.when(F.col(ERROR_COLUMN).isNotNull(), 1).otherwise(0))
+    metrics["late_records"] = F.sum(F.when(F.col(LATE_COLUMN), 1).otherwise(0))
     for name, expr in job.state_metrics(options).items():
         metrics[f"state_{name}"] = expr
     observation = Observation(f"batch_{batch_id}_{attempt}")
@@ -170,10 +172,10 @@ def stage_batch(
     jdbc = jdbc_options(ledger_url)
     tag = [F.lit(batch_id).cast("bigint").alias("batch_id"), F.lit(attempt).cast("int").alias("attempt")]
     t_write = time.monotonic()
-    good = parsed.where(F.col(ERROR_COLUMN).isNull())
+    good = parsed.where(F.col(ERROR_COLUMN).isNull() & ~F.col(LATE_COLUMN))
     rows_by_sink: dict[str, int] = {}
     outputs = job.outputs(good, options, state_before)
-    for sink in spec.sinks:
+    for sink in spec.aggregate_sinks:
         if sink.name not in outputs:
             raise SpecError(f"{spec.name}: the job produced no output for sink '{sink.name}'.")
         out = outputs[sink.name].select(*tag, *sink.columns).persist(StorageLevel.MEMORY_AND_DISK)
@@ -186,6 +188,12 @@ def stage_batch(
     dead_count = int(values.get("dead_letters") or 0)
     if dead_count:
         _write_staging(dead, "stage_dead_letters", jdbc)
+    late_count = int(values.get("late_records") or 0)
+    if late_count:
+        late = parsed.where(F.col(LATE_COLUMN)).select(
+            *tag, "topic", "partition", "offset", "event_time", F.col("value").alias("raw")
+        )
+        _write_staging(late, "stage_late_records", jdbc)
     write_seconds = time.monotonic() - t_write
     parsed.unpersist()
     failpoints.hit("stage.after_write")
@@ -201,6 +209,7 @@ def stage_batch(
         records_by_partition=records_by_partition,
         rows_by_sink=rows_by_sink,
         dead_letters=dead_count,
+        late_records=late_count,
         state_after=state_after,
         timings={"read_s": round(read_seconds, 3), "stage_write_s": round(write_seconds, 3)},
     )
@@ -209,6 +218,7 @@ def stage_batch(
         "records_by_partition": records_by_partition,
         "rows_by_sink": rows_by_sink,
         "dead_letters": dead_count,
+        "late_records": late_count,
     }
     with transaction(ledger_url) as session:
         repo.record_staged(session, batch_id, attempt, counts, state_after, result.timings)

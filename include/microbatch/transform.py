@@ -2,7 +2,9 @@
 
 A job is an object with four pure methods. The platform reads exactly the batch's ranges,
 calls `parse`, observes metrics and per-partition counts in the same pass (no second read
-of Kafka), sends rows whose `error` is set to the dead-letter table, and stages `outputs`.
+of Kafka), sends rows whose `error` is set to the dead-letter table, rows flagged `late`
+(their event-time window was final before the batch began) to the late-records table, and
+stages `outputs` of the rest.
 Everything depends only on the records, the options and the state at the batch's start,
 so a replay gives the same result (invariant 4).
 """
@@ -17,14 +19,17 @@ if TYPE_CHECKING:
 
 SOURCE_COLUMNS = ("topic", "partition", "offset", "value")
 ERROR_COLUMN = "error"
+LATE_COLUMN = "late"
+EVENT_TIME_COLUMN = "event_time"
 
 
 class SparkJob(Protocol):
-    def parse(self, records: DataFrame, options: Mapping[str, Any]) -> DataFrame:
-        """Keep SOURCE_COLUMNS, add parsed columns and `error` (null when the record is good)."""
+    def parse(self, records: DataFrame, options: Mapping[str, Any], state: Mapping[str, Any]) -> DataFrame:
+        """Keep SOURCE_COLUMNS; add parsed columns, `error` (null when the record is good), `late`
+        (true for a good record whose window was final at the batch's start) and `event_time`."""
 
     def state_metrics(self, options: Mapping[str, Any]) -> dict[str, Column]:
-        """Aggregate expressions over the good parsed rows, observed during the read."""
+        """Aggregate expressions over the parsed rows, observed during the read."""
 
     def next_state(
         self, state: Mapping[str, Any], metrics: Mapping[str, Any], options: Mapping[str, Any]
@@ -34,4 +39,5 @@ class SparkJob(Protocol):
     def outputs(
         self, parsed: DataFrame, options: Mapping[str, Any], state: Mapping[str, Any]
     ) -> dict[str, DataFrame]:
-        """Sink name -> the rows to stage for it, with exactly that sink's columns."""
+        """Sink name -> the rows to stage for it, with exactly that sink's columns; `parsed` holds
+        only good, on-time rows."""

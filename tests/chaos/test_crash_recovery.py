@@ -32,7 +32,7 @@ CASES = {
 @pytest.mark.parametrize("case", list(CASES))
 def test_crash_then_recover_exactly_once(case, service_env, topic, kafka, ledger_url, tmp_path):
     failpoint, _, kills_runner = CASES[case]
-    specs = write_test_spec(tmp_path / "pipelines", topic, max_records=2500)
+    specs = write_test_spec(tmp_path / "pipelines", topic, max_records=2500, bootstrap=kafka.bootstrap_servers)
     env = {**service_env, "MICROBATCH_PIPELINES_DIR": str(specs)}
     lines = generate_lines(5_000, ips=25, span_seconds=60, out_of_order=0.1, malformed=0.03, seed=hash(case) % 1000)
     coords = produce_lines(kafka.bootstrap_servers, topic, lines)
@@ -61,7 +61,7 @@ def test_crash_then_recover_exactly_once(case, service_env, topic, kafka, ledger
             attempts = session.execute(text("SELECT max(attempt) FROM batches")).scalar_one()
         assert attempts >= 2
 
-    assert_exactly_once(ledger_url, env, lines, coords)
+    assert_exactly_once(ledger_url, env, lines, coords, f"{topic}_out")
     with transaction(ledger_url) as session:
         staged_left = session.execute(text("SELECT count(*) FROM stage_ip_counts")).scalar_one()
     assert staged_left == 0

@@ -8,21 +8,31 @@ import os
 import subprocess
 import sys
 from collections import Counter
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import yaml
 from sqlalchemy import text
 
-from microbatch.datagen import LogLine, expected_counts
+from microbatch.datagen import LogLine
+from microbatch.devstack import create_topic
 from microbatch.ledger.database import transaction
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def write_test_spec(directory: Path, topic: str, max_records: int, retry_delay: float = 1.0) -> Path:
-    """A copy of ip_count.yaml that reads `topic`, in small batches, with short retry delays."""
+def write_test_spec(directory: Path, topic: str, max_records: int, retry_delay: float = 1.0,
+                    bootstrap: str | None = None) -> Path:
+    """A copy of ip_count.yaml that reads `topic`, in small batches, with short retry delays, and
+    publishes to `<topic>_out` (created here when `bootstrap` is given)."""
     spec = yaml.safe_load((ROOT / "include/pipelines/ip_count.yaml").read_text())
     spec["source"].update(topics=[topic], max_records_per_batch=max_records, commit_group_offsets=False)
+    for sink in spec["sinks"]:
+        if sink["type"] == "kafka":
+            sink["topic"] = f"{topic}_out"
+    if bootstrap:
+        create_topic(bootstrap, f"{topic}_out", 4)
     spec["retries"] = {"count": 3, "delay_seconds": retry_delay}
     spec["spark"]["conf"] = {**spec["spark"]["conf"], "spark.ui.enabled": "false"}
     directory.mkdir(parents=True, exist_ok=True)
@@ -66,12 +76,93 @@ def verify_ledger(env: dict[str, str]) -> dict:
     return json.loads(result.stdout)
 
 
-def assert_exactly_once(url: str, env: dict[str, str], lines: list[LogLine], coords: list[tuple[int, int]]) -> None:
-    """The sink equals an independent recount, dead letters equal the malformed lines, the ledger is whole."""
-    expected = expected_counts(lines)
+def committed_batches(url: str) -> list[list[tuple[int, int, int]]]:
+    """The committed batches in commit order, each as its (partition, start, end) ranges."""
+    with transaction(url) as session:
+        rows = session.execute(text(
+            "SELECT b.id, r.partition, r.start_offset, r.end_offset FROM ranges r JOIN batches b ON b.id = r.batch_id "
+            "WHERE r.committed ORDER BY b.committed_at, b.id, r.partition"
+        )).all()
+    batches: dict[int, list[tuple[int, int, int]]] = {}
+    for batch_id, partition, start, end in rows:
+        batches.setdefault(batch_id, []).append((partition, start, end))
+    return list(batches.values())
+
+
+@dataclass
+class Expected:
+    counts: Counter
+    late: set
+    watermark: datetime | None
+
+
+def recount(lines: list[LogLine], coords: list[tuple[int, int]], batches: list[list[tuple[int, int, int]]],
+            window: int = 5, lateness: int = 5) -> Expected:
+    """An independent recount of the input, replaying Flink's watermark rule over the committed batches:
+    a record whose window ended at or before the watermark at its batch's start is late."""
+    by_coord = dict(zip(coords, lines, strict=True))
+    counts: Counter = Counter()
+    late: set = set()
+    max_event: datetime | None = None
+    watermark: datetime | None = None
+    for ranges in batches:
+        batch_max = None
+        for partition, start, end in ranges:
+            for offset in range(start, end):
+                line = by_coord[(partition, offset)]
+                if line.malformed:
+                    continue
+                epoch = int(line.event_time.timestamp())
+                window_start = datetime.fromtimestamp(epoch - epoch % window, tz=UTC)
+                if watermark is not None and window_start + timedelta(seconds=window) <= watermark:
+                    late.add((partition, offset))
+                    continue
+                counts[(window_start, line.ip)] += 1
+                batch_max = line.event_time if batch_max is None else max(batch_max, line.event_time)
+        if batch_max is not None:
+            max_event = batch_max if max_event is None else max(max_event, batch_max)
+            candidate = max_event - timedelta(seconds=lateness)
+            watermark = candidate if watermark is None else max(watermark, candidate)
+    return Expected(counts, late, watermark)
+
+
+def late_coordinates(url: str) -> set[tuple[int, int]]:
+    with transaction(url) as session:
+        return {tuple(r) for r in session.execute(text('SELECT partition, "offset" FROM late_records')).all()}
+
+
+def read_output(bootstrap: str, topic: str) -> list[tuple[int, dict]]:
+    """Every record of the output topic as a read_committed consumer sees it: (seq header, value)."""
+    from kafka import KafkaConsumer, TopicPartition
+
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, isolation_level="read_committed", group_id=None,
+                             enable_auto_commit=False)
+    try:
+        tps = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic))]
+        consumer.assign(tps)
+        consumer.seek_to_beginning()
+        ends = consumer.end_offsets(tps)
+        out = []
+        while any(consumer.position(tp) < ends[tp] for tp in tps):
+            for records in consumer.poll(timeout_ms=1000).values():
+                for record in records:
+                    seq = int(dict(record.headers)["microbatch.seq"].decode())
+                    out.append((seq, json.loads(record.value)))
+        return out
+    finally:
+        consumer.close()
+
+
+def assert_exactly_once(url: str, env: dict[str, str], lines: list[LogLine], coords: list[tuple[int, int]],
+                        output_topic: str | None = None) -> Expected:
+    """The sink equals an independent recount, dead letters equal the malformed lines, late records equal
+    the records beyond the lateness, the ledger is whole, and (with `output_topic`) every final window
+    is published exactly once with its exact count."""
+    expected = recount(lines, coords, committed_batches(url))
     actual = sink_counts(url)
-    assert sum(actual.values()) == sum(expected.values())
-    assert actual == expected
+    assert sum(actual.values()) + len(expected.late) == sum(1 for line in lines if not line.malformed)
+    assert actual == expected.counts
+    assert late_coordinates(url) == expected.late
     malformed = sorted(coord for coord, line in zip(coords, lines, strict=True) if line.malformed)
     assert dead_letter_coordinates(url) == malformed
     ends: dict[int, int] = {}
@@ -80,3 +171,17 @@ def assert_exactly_once(url: str, env: dict[str, str], lines: list[LogLine], coo
     assert positions(url) == ends
     audit = verify_ledger(env)
     assert audit["ok"], audit["problems"]
+    if output_topic:
+        published = read_output(env["MICROBATCH_KAFKA_BOOTSTRAP"], output_topic)
+        seqs = sorted(seq for seq, _ in published)
+        assert seqs == list(range(1, len(seqs) + 1)), "sequences must be gap-free and unique"
+        windows = Counter((v["window_start"], v["ip"]) for _, v in published)
+        assert all(n == 1 for n in windows.values()), "a window was published twice"
+        final = {
+            (start.isoformat(), ip): n for (start, ip), n in expected.counts.items()
+            if start + timedelta(seconds=5) <= expected.watermark
+        }
+        got = {(datetime.fromisoformat(v["window_start"]).astimezone(UTC).isoformat(), v["ip"]): v["count"]
+               for _, v in published}
+        assert got == final
+    return expected

@@ -25,12 +25,14 @@ def test_dags_import_with_tags_and_retries():
     dag = bag.dags["ip_count"]
     assert "microbatch" in dag.tags
     assert dag.max_active_runs == 1
-    assert [t.task_id for t in dag.topological_sort()] == ["plan", "stage", "commit"]
+    assert [t.task_id for t in dag.topological_sort()] == ["plan", "stage", "commit", "publish"]
+    assert dag.get_task("publish").trigger_rule == "none_failed"
     for task in dag.tasks:
         assert task.retries == 3
         assert task.retry_delay.total_seconds() == 10
     commit = dag.get_task("commit")
     assert [a.uri for a in commit.outlets] == ["microbatch://ip_count/ip_counts"]
+    assert [a.uri for a in dag.get_task("publish").outlets] == ["microbatch://ip_count/kafka/ip_count_sink"]
 
 
 def test_bad_spec_breaks_only_its_own_dag(tmp_path, monkeypatch):

@@ -19,8 +19,8 @@ pytestmark = pytest.mark.e2e
 
 
 @pytest.fixture
-def pipeline_env(service_env, topic, tmp_path):
-    specs = write_test_spec(tmp_path / "pipelines", topic, max_records=4000)
+def pipeline_env(service_env, topic, tmp_path, kafka):
+    specs = write_test_spec(tmp_path / "pipelines", topic, max_records=4000, bootstrap=kafka.bootstrap_servers)
     return {**service_env, "MICROBATCH_PIPELINES_DIR": str(specs)}
 
 
@@ -31,7 +31,7 @@ def test_ip_count_end_to_end_then_only_new_offsets(pipeline_env, topic, kafka, l
 
     result = run_pipeline(pipeline_env)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    assert_exactly_once(ledger_url, pipeline_env, lines, coords)
+    assert_exactly_once(ledger_url, pipeline_env, lines, coords, f"{topic}_out")
     with transaction(ledger_url) as session:
         batches = session.execute(text("SELECT count(*), sum((counts->>'records')::int) FROM batches "
                                        "WHERE state = 'committed'")).one()
@@ -50,7 +50,7 @@ def test_ip_count_end_to_end_then_only_new_offsets(pipeline_env, topic, kafka, l
     more_coords = produce_lines(kafka.bootstrap_servers, topic, more)
     result = run_pipeline(pipeline_env)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    assert_exactly_once(ledger_url, pipeline_env, lines + more, coords + more_coords)
+    assert_exactly_once(ledger_url, pipeline_env, lines + more, coords + more_coords, f"{topic}_out")
     with transaction(ledger_url) as session:
         last = session.execute(text(
             "SELECT sum(end_offset - start_offset) FROM ranges r JOIN batches b ON b.id = r.batch_id "

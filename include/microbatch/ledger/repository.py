@@ -38,8 +38,11 @@ def ensure_pipeline(session: Session, spec: PipelineSpec, *, lock: bool = False)
     return session.scalars(query).one()
 
 
-def get_pipeline(session: Session, name: str) -> Pipeline | None:
-    return session.scalars(select(Pipeline).where(Pipeline.name == name)).one_or_none()
+def get_pipeline(session: Session, name: str, *, lock: bool = False) -> Pipeline | None:
+    query = select(Pipeline).where(Pipeline.name == name)
+    if lock:
+        query = query.with_for_update()
+    return session.scalars(query).one_or_none()
 
 
 def read_positions(session: Session, pipeline_id: int) -> dict[TopicPartition, int]:

@@ -1,0 +1,188 @@
+"""The publish phase: outbox rows -> a Kafka topic, exactly once for `read_committed` readers.
+
+Flink does this with a two-phase-commit producer. Here the outbox rows were committed with the
+ledger, so publishing only has to be idempotent:
+
+1. `init_transactions()` with a stable `transactional_id` per sink fences any older producer
+   and aborts its open transaction (a zombie's records never become visible);
+2. the last sequence really published is read from the topic's committed tail
+   (`read_committed`; each record carries its outbox sequence in a header);
+3. the rows after it are sent in transactions of bounded size;
+4. after each `commit_transaction()` the progress is recorded in Postgres, for operators only.
+
+A crash at any point leaves either a committed transaction (found by step 2 next time) or an
+aborted one (invisible), so nothing is lost or duplicated.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass
+
+from kafka import KafkaConsumer, KafkaProducer
+from kafka import TopicPartition as KafkaTopicPartition
+from sqlalchemy import text
+
+from microbatch import failpoints
+from microbatch.config import KafkaSink, PipelineSpec
+from microbatch.errors import SpecError
+from microbatch.ledger import repository as repo
+from microbatch.ledger.database import transaction
+
+log = logging.getLogger(__name__)
+SEQ_HEADER = "microbatch.seq"
+_TAIL_WINDOW = 64
+
+
+@dataclass
+class PublishResult:
+    sink: str
+    topic: str
+    resumed_after: int
+    last_seq: int
+    records: int
+    transactions: int
+    seconds: float
+
+    @property
+    def first_seq(self) -> int:
+        return self.resumed_after + 1
+
+
+def _seq_of(headers: list[tuple[str, bytes]] | None) -> int | None:
+    for name, value in headers or ():
+        if name == SEQ_HEADER:
+            return int(value.decode())
+    return None
+
+
+def last_published_seq(bootstrap_servers: str, topic: str) -> int:
+    """The highest outbox sequence in the topic's committed records (0 if none).
+
+    Transactions commit atomically and sequences are sent in order, so the highest sequence
+    among the committed tails of all partitions is the last one published, and every lower
+    one is published too. Reads only the tail of each partition, widening if it finds no
+    data record there (markers of many small transactions).
+    """
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap_servers.split(","), isolation_level="read_committed",
+                             enable_auto_commit=False, group_id=None, client_id="microbatch-publisher-tail")
+    try:
+        partitions = consumer.partitions_for_topic(topic)
+        if not partitions:
+            raise SpecError(f"The output topic '{topic}' does not exist.", fix="Create it before publishing.")
+        tps = [KafkaTopicPartition(topic, p) for p in sorted(partitions)]
+        begins = consumer.beginning_offsets(tps)
+        ends = consumer.end_offsets(tps)
+        best = 0
+        for tp in tps:
+            begin, end = begins[tp], ends[tp]
+            window = _TAIL_WINDOW
+            while end > begin:
+                start = max(begin, end - window)
+                found = _max_seq_between(consumer, tp, start, end)
+                if found is not None:
+                    best = max(best, found)
+                    break
+                if start == begin:
+                    break
+                window *= 4
+        return best
+    finally:
+        consumer.close()
+
+
+def _max_seq_between(consumer: KafkaConsumer, tp: KafkaTopicPartition, start: int, end: int) -> int | None:
+    consumer.assign([tp])
+    consumer.seek(tp, start)
+    best: int | None = None
+    deadline = time.monotonic() + 30
+    while consumer.position(tp) < end and time.monotonic() < deadline:
+        for records in consumer.poll(timeout_ms=500).values():
+            for record in records:
+                seq = _seq_of(record.headers)
+                if seq is not None:
+                    best = seq if best is None else max(best, seq)
+    return best
+
+
+def _pending(ledger_url: str, pipeline_id: int, sink: str, after: int, limit: int) -> list[tuple[int, str, dict]]:
+    with transaction(ledger_url) as session:
+        rows = session.execute(
+            text("SELECT seq, key, value FROM outbox WHERE pipeline_id = :p AND sink = :s AND seq > :after "
+                 "ORDER BY seq LIMIT :n"),
+            {"p": pipeline_id, "s": sink, "after": after, "n": limit},
+        ).all()
+    return [(seq, key, value) for seq, key, value in rows]
+
+
+def _record_progress(ledger_url: str, pipeline_id: int, sink: str, last_seq: int) -> None:
+    with transaction(ledger_url) as session:
+        session.execute(
+            text("INSERT INTO publish_progress (pipeline_id, sink, last_seq, transactions) VALUES (:p, :s, :q, 1) "
+                 "ON CONFLICT (pipeline_id, sink) DO UPDATE SET last_seq = greatest(publish_progress.last_seq, "
+                 "EXCLUDED.last_seq), transactions = publish_progress.transactions + 1, updated_at = now()"),
+            {"p": pipeline_id, "s": sink, "q": last_seq},
+        )
+
+
+def pending_bounds(ledger_url: str, pipeline_id: int, sink: str) -> tuple[int, int]:
+    """(recorded progress, highest outbox sequence) of one sink."""
+    with transaction(ledger_url) as session:
+        progress = session.execute(
+            text("SELECT last_seq FROM publish_progress WHERE pipeline_id = :p AND sink = :s"),
+            {"p": pipeline_id, "s": sink},
+        ).scalar_one_or_none()
+        highest = session.execute(
+            text("SELECT coalesce(max(seq), 0) FROM outbox WHERE pipeline_id = :p AND sink = :s"),
+            {"p": pipeline_id, "s": sink},
+        ).scalar_one()
+    return progress or 0, highest
+
+
+def publish_sink(spec: PipelineSpec, sink: KafkaSink, ledger_url: str, bootstrap_servers: str) -> PublishResult:
+    """Publish every outbox row of `sink` that the topic does not hold yet; see the module docstring."""
+    started = time.monotonic()
+    with transaction(ledger_url) as session:
+        pipeline = repo.get_pipeline(session, spec.name)
+        pipeline_id = pipeline.id if pipeline else None
+    if pipeline_id is None:
+        return PublishResult(sink.name, sink.topic, 0, 0, 0, 0, 0.0)
+    progress, highest = pending_bounds(ledger_url, pipeline_id, sink.name)
+    if progress >= highest:
+        # Progress is written only after a Kafka commit, so it never runs ahead of the topic.
+        return PublishResult(sink.name, sink.topic, progress, progress, 0, 0, time.monotonic() - started)
+
+    producer = KafkaProducer(bootstrap_servers=bootstrap_servers.split(","), transactional_id=sink.transactional_id,
+                             acks="all", linger_ms=5, client_id=f"microbatch-publisher-{sink.name}")
+    transactions = records = 0
+    try:
+        producer.init_transactions()  # fences older producers with this id and aborts their open transaction
+        last = resumed_after = last_published_seq(bootstrap_servers, sink.topic)
+        log.info("publish %s: the topic %s holds sequences up to %s (read_committed tail); outbox ends at %s",
+                 sink.name, sink.topic, last, highest)
+        while True:
+            rows = _pending(ledger_url, pipeline_id, sink.name, last, sink.transaction_size)
+            if not rows:
+                break
+            if rows[0][0] != last + 1:
+                raise RuntimeError(f"outbox of {sink.name} has a gap after sequence {last}")
+            producer.begin_transaction()
+            for seq, key, value in rows:
+                producer.send(sink.topic, key=(key or "").encode(), value=json.dumps(value, sort_keys=True).encode(),
+                              headers=[(SEQ_HEADER, str(seq).encode())])
+            producer.flush()
+            failpoints.hit("publish.before_commit")
+            producer.commit_transaction()
+            last = rows[-1][0]
+            transactions += 1
+            records += len(rows)
+            failpoints.hit("publish.after_commit")
+            _record_progress(ledger_url, pipeline_id, sink.name, last)
+            log.info("  transaction %s: sequences %s..%s committed", transactions, rows[0][0], last)
+            failpoints.hit("publish.between_transactions")
+    finally:
+        producer.close(timeout=10)
+    return PublishResult(sink.name, sink.topic, resumed_after, last, records, transactions,
+                         time.monotonic() - started)
