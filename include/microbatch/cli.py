@@ -94,6 +94,23 @@ def run(
 
 
 @app.command()
+def publish(pipeline: str) -> None:
+    """Publish the pipeline's pending outbox rows to its Kafka sinks (what the publish task does)."""
+    from microbatch.config import find_spec
+    from microbatch.kafka_offsets import bootstrap_from_env
+    from microbatch.publisher import publish_sink
+
+    try:
+        spec = find_spec(pipeline)
+        for sink in spec.kafka_sinks:
+            result = publish_sink(spec, sink, _ledger_url(), bootstrap_from_env())
+            console.print(f"{sink.name}: sequences {result.first_seq}..{result.last_seq} published "
+                          f"({result.records} records, {result.transactions} transactions) to {result.topic}")
+    except MicrobatchError as exc:
+        _fail(exc)
+
+
+@app.command()
 def status(pipeline: str, as_json: JsonFlag = False) -> None:
     """Per partition: position, latest offset, lag, last batch."""
     from microbatch.config import find_spec

@@ -152,8 +152,9 @@ class KafkaBroker:
         )
         if not (self.work_dir / "data" / "meta.properties").exists():
             cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
-            self._java("kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(properties), "--standalone",
-                       wait=True)
+            # `--cluster-id=`: a random id may start with '-', which would read as an option.
+            self._java("kafka.tools.StorageTool", "format", f"--cluster-id={cluster_id}", "-c", str(properties),
+                       "--standalone", wait=True)
         return properties
 
     def _java(self, main: str, *args: str, wait: bool = False) -> subprocess.Popen[bytes]:
