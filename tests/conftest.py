@@ -6,6 +6,7 @@ Nothing here is mocked. Each test that needs a ledger gets a fresh database migr
 from __future__ import annotations
 
 import os
+import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,6 +15,8 @@ import pytest
 
 from microbatch import localenv
 
+# A fresh Airflow metadata DB per test session, so runs of the suite never see each other's DAG runs.
+os.environ["AIRFLOW_HOME"] = tempfile.mkdtemp(prefix="microbatch-airflow-")
 localenv.apply()
 ROOT = Path(__file__).resolve().parents[1]
 

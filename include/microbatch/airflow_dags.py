@@ -86,7 +86,7 @@ def sink_assets(spec: PipelineSpec) -> list[Asset]:
 def topic_assets(spec: PipelineSpec) -> list[Asset]:
     """The Kafka output topics, updated by `publish`."""
     return [
-        Asset(name=f"microbatch.{spec.name}.{sink.name}", uri=f"microbatch://{spec.name}/kafka/{sink.topic}")
+        Asset(name=f"microbatch.{spec.name}.{sink.name}", uri=f"microbatch://{spec.name}/{sink.name}")
         for sink in spec.kafka_sinks
     ]
 

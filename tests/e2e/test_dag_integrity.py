@@ -32,7 +32,7 @@ def test_dags_import_with_tags_and_retries():
         assert task.retry_delay.total_seconds() == 10
     commit = dag.get_task("commit")
     assert [a.uri for a in commit.outlets] == ["microbatch://ip_count/ip_counts"]
-    assert [a.uri for a in dag.get_task("publish").outlets] == ["microbatch://ip_count/kafka/ip_count_sink"]
+    assert [a.uri for a in dag.get_task("publish").outlets] == ["microbatch://ip_count/ip_count_sink"]
 
 
 def test_bad_spec_breaks_only_its_own_dag(tmp_path, monkeypatch):
