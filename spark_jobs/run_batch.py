@@ -12,11 +12,12 @@ import logging
 import sys
 
 from pyspark.sql import SparkSession
+from sqlalchemy.exc import OperationalError
 
 from microbatch.config import find_spec
 from microbatch.errors import MicrobatchError
 from microbatch.kafka_offsets import bootstrap_from_env
-from microbatch.ledger.database import ledger_url_from_env
+from microbatch.ledger.database import ledger_url_from_env, unreachable
 from microbatch.reporting import log_stage_summary
 from microbatch.staging import stage_batch
 
@@ -30,6 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stdout)
     logging.getLogger("py4j").setLevel(logging.WARNING)
+    ledger_url = ""
     try:
         spec = find_spec(args.pipeline)
         ledger_url = ledger_url_from_env()
@@ -44,6 +46,9 @@ def main(argv: list[str] | None = None) -> int:
     except MicrobatchError as exc:
         log.error("stage failed: %s", exc)
         return 1 if exc.retryable else 2
+    except OperationalError as exc:
+        log.error("stage failed: %s", unreachable(ledger_url, exc))
+        return 1
     return 0
 
 

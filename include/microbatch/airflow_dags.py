@@ -16,11 +16,12 @@ from typing import Any
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.sdk import DAG, Asset, BaseHook, task
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
+from sqlalchemy.exc import OperationalError
 
 from microbatch.config import PipelineSpec, find_spec
 from microbatch.errors import ConnectionSettingsError, MicrobatchError
 from microbatch.kafka_offsets import BOOTSTRAP_ENV
-from microbatch.ledger.database import LEDGER_URL_ENV
+from microbatch.ledger.database import LEDGER_URL_ENV, unreachable
 
 log = logging.getLogger("microbatch")
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
@@ -168,11 +169,12 @@ def build_dag(spec: PipelineSpec) -> DAG:
             from microbatch.reporting import log_plan_summary
 
             try:
-                outcome = plan_next_batch(
-                    spec, ledger_url(), kafka_bootstrap(spec.source.connection), context["run_id"]
-                )
+                url = ledger_url()
+                outcome = plan_next_batch(spec, url, kafka_bootstrap(spec.source.connection), context["run_id"])
             except MicrobatchError as exc:
                 _fail(exc)
+            except OperationalError as exc:
+                _fail(unreachable(url, exc))
             log_plan_summary(log, spec.name, outcome)
             if outcome.batch_id is None:
                 raise AirflowSkipException("nothing new to read")
@@ -200,6 +202,8 @@ def build_dag(spec: PipelineSpec) -> DAG:
                     result = commit_batch(session, spec, int(batch_id))
             except MicrobatchError as exc:
                 _fail(exc)
+            except OperationalError as exc:
+                _fail(unreachable(url, exc))
             hit("commit.after_commit")
             log_commit_summary(log, spec.name, result)
             if spec.source.commit_group_offsets and result.moves:
@@ -239,6 +243,8 @@ def build_dag(spec: PipelineSpec) -> DAG:
                         result = publish_sink(spec, sink, url, kafka_bootstrap(sink.connection))
                     except MicrobatchError as exc:
                         _fail(exc)
+                    except OperationalError as exc:
+                        _fail(unreachable(url, exc))
                     log_publish_summary(log, spec.name, result)
                     summary[sink.name] = {"first_seq": result.first_seq, "last_seq": result.last_seq,
                                           "records": result.records, "transactions": result.transactions}

@@ -17,7 +17,7 @@ from microbatch import localenv
 from microbatch.errors import MicrobatchError
 
 app = typer.Typer(help="Exactly-once Kafka micro-batches: ledger, data and local stack.", no_args_is_help=True)
-console = Console()
+console = Console(soft_wrap=True)
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
 
 
@@ -86,7 +86,10 @@ def run(
     """Run the pipeline's DAG locally (dag.test) until it has caught up with Kafka."""
     from microbatch.runner import run_until_caught_up
 
-    outcomes = run_until_caught_up(pipeline, max_runs)
+    try:
+        outcomes = run_until_caught_up(pipeline, max_runs)
+    except MicrobatchError as exc:
+        _fail(exc)
     for outcome in outcomes:
         console.print(f"{outcome.run_id}: {outcome.state} {outcome.task_states}")
     if outcomes and outcomes[-1].state != "success":
@@ -110,37 +113,100 @@ def publish(pipeline: str) -> None:
         _fail(exc)
 
 
-@app.command()
-def status(pipeline: str, as_json: JsonFlag = False) -> None:
-    """Per partition: position, latest offset, lag, last batch."""
+def _latest_offsets(name: str) -> dict:
+    """Latest offsets of the pipeline's partitions, or {} with a warning when Kafka is unreachable."""
     from microbatch.config import find_spec
     from microbatch.kafka_offsets import bootstrap_from_env, discover_partitions, offset_bounds, offsets_client
-    from microbatch.ledger import repository as repo
-    from microbatch.ledger.database import transaction
 
     try:
-        spec = find_spec(pipeline)
+        spec = find_spec(name)
         with offsets_client(bootstrap_from_env(), spec.source.isolation_level) as consumer:
-            _, latest = offset_bounds(consumer, discover_partitions(consumer, spec.source.topics))
-        with transaction(_ledger_url()) as session:
-            record = repo.get_pipeline(session, pipeline)
-            positions = repo.read_positions(session, record.id) if record else {}
+            return offset_bounds(consumer, discover_partitions(consumer, spec.source.topics))[1]
     except MicrobatchError as exc:
-        _fail(exc)
-    rows = [
-        {"partition": str(tp), "position": positions.get(tp), "latest": end,
-         "lag": end - positions[tp] if tp in positions else None}
-        for tp, end in sorted(latest.items())
-    ]
+        console.print(f"[yellow]warning:[/yellow] latest offsets unavailable: {exc}")
+        return {}
+
+
+@app.command()
+def status(
+    pipeline: Annotated[str | None, typer.Argument(help="One pipeline; all when omitted.")] = None,
+    as_json: JsonFlag = False,
+) -> None:
+    """Per partition: the position, the latest offset, the lag, the last batch and its age."""
+    from microbatch.ledger import queries
+    from microbatch.ledger.database import transaction
+
+    with transaction(_ledger_url()) as session:
+        names = [pipeline] if pipeline else queries.pipeline_names(session)
+        report = {}
+        for name in names:
+            pid = queries.pipeline_id(session, name)
+            if pid is None:
+                _fail(MicrobatchError(f"The ledger has no pipeline '{name}'.", fix="Run it first."))
+            report[name] = queries.partition_status(session, pid, _latest_offsets(name))
     if as_json:
-        print(json.dumps(rows))
+        print(json.dumps({name: [queries.to_dict(r) for r in rows] for name, rows in report.items()}))
         return
-    table = Table(title=f"{pipeline}: positions")
-    for column in ("partition", "position", "latest", "lag"):
-        table.add_column(column, justify="right" if column != "partition" else "left")
-    for row in rows:
-        table.add_row(*(str("-" if v is None else v) for v in row.values()))
+    for name, rows in report.items():
+        total = sum(r.lag or 0 for r in rows)
+        table = Table(title=f"{name}: total lag {total}")
+        for column in ("partition", "position", "latest", "lag", "last batch", "committed ago"):
+            table.add_column(column, justify="left" if column == "partition" else "right")
+        for r in rows:
+            age = "-" if r.last_commit_age_s is None else f"{r.last_commit_age_s:.0f}s"
+            table.add_row(f"{r.topic}[{r.partition}]", *(str("-" if v is None else v) for v in
+                          (r.position, r.latest, r.lag, r.last_batch_id)), age)
+        console.print(table)
+
+
+@app.command()
+def history(pipeline: str, limit: Annotated[int, typer.Option(min=1)] = 20, as_json: JsonFlag = False) -> None:
+    """Recent batches: kind, state, ranges, counts, durations and the Airflow run id."""
+    from microbatch.ledger import queries
+    from microbatch.ledger.database import transaction
+
+    with transaction(_ledger_url()) as session:
+        pid = queries.pipeline_id(session, pipeline)
+        if pid is None:
+            _fail(MicrobatchError(f"The ledger has no pipeline '{pipeline}'.", fix="Run it first."))
+        batches = queries.batch_history(session, pid, limit)
+    if as_json:
+        print(json.dumps([queries.to_dict(b) for b in batches]))
+        return
+    table = Table(title=f"{pipeline}: last {len(batches)} batches")
+    for column in ("batch", "kind", "state", "try", "ranges", "records", "dead", "late", "seconds", "airflow run"):
+        table.add_column(column)
+    for b in batches:
+        seconds = " ".join(f"{k.removesuffix('_s')}={v}" for k, v in b.durations.items())
+        table.add_row(str(b.id), b.kind, b.state + (f" ({b.error})" if b.error and b.state != "committed" else ""),
+                      str(b.attempt), b.ranges, str(b.records if b.records is not None else "-"),
+                      str(b.dead_letters or 0), str(b.late_records or 0), seconds, b.airflow_run_id or "-")
     console.print(table)
+
+
+@app.command()
+def find(pipeline: str, topic: str, partition: int, offset: int, as_json: JsonFlag = False) -> None:
+    """Which batch and Airflow run processed TOPIC[PARTITION] OFFSET, or which gap recorded it as lost."""
+    from microbatch.ledger import queries
+    from microbatch.ledger.database import transaction
+
+    with transaction(_ledger_url()) as session:
+        pid = queries.pipeline_id(session, pipeline)
+        if pid is None:
+            _fail(MicrobatchError(f"The ledger has no pipeline '{pipeline}'.", fix="Run it first."))
+        owner = queries.find_offset(session, pid, topic, partition, offset)
+    if as_json:
+        print(json.dumps(queries.to_dict(owner)))
+    elif owner.kind == "batch":
+        console.print(f"{topic}[{partition}] offset {offset} was processed by batch {owner.batch_id} "
+                      f"(range [{owner.start}, {owner.end}), Airflow run {owner.airflow_run_id})")
+    elif owner.kind == "gap":
+        console.print(f"{topic}[{partition}] offset {offset} was lost: gap [{owner.start}, {owner.end}) "
+                      f"recorded by batch {owner.batch_id}: {owner.reason}")
+    else:
+        console.print(f"{topic}[{partition}] offset {offset} has not been processed yet")
+    if owner.kind == "none":
+        raise typer.Exit(1)
 
 
 @app.command()
@@ -197,32 +263,6 @@ def counts(limit: Annotated[int, typer.Option(min=1)] = 15) -> None:
 
 
 @app.command()
-def positions(pipeline: str) -> None:
-    """The ledger's committed positions and batches, without touching Kafka."""
-    from microbatch.ledger import repository as repo
-    from microbatch.ledger.database import transaction
-
-    with transaction(_ledger_url()) as session:
-        record = repo.get_pipeline(session, pipeline)
-        if record is None:
-            _fail(MicrobatchError(f"The ledger has no pipeline '{pipeline}'.", fix="Run it first."))
-        table = Table(title=f"{pipeline}: committed positions")
-        table.add_column("partition")
-        table.add_column("next offset", justify="right")
-        for tp, offset in sorted(repo.read_positions(session, record.id).items()):
-            table.add_row(str(tp), str(offset))
-        console.print(table)
-        history = Table(title=f"{pipeline}: recent batches")
-        for column in ("batch", "kind", "state", "attempt", "records", "dead letters", "run id"):
-            history.add_column(column)
-        for batch in repo.recent_batches(session, record.id, 10):
-            history.add_row(str(batch.id), batch.kind, batch.state, str(batch.attempt),
-                            str(batch.counts.get("records", "-")), str(batch.counts.get("dead_letters", "-")),
-                            batch.airflow_run_id or "-")
-        console.print(history)
-
-
-@app.command()
 def demo(count: int = 10_000) -> None:
     """The whole path on the local stack: services, data, the ip_count DAG, the results."""
     from microbatch import devstack
@@ -236,7 +276,8 @@ def demo(count: int = 10_000) -> None:
              malformed=0.02, seed=int.from_bytes(os.urandom(2), "big"))
     run("ip_count", max_runs=20)
     counts()
-    positions("ip_count")
+    status("ip_count")
+    history("ip_count", limit=10)
     console.print("The services keep running; stop them with `make down`.")
 
 

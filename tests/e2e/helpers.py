@@ -68,6 +68,12 @@ def positions(url: str) -> dict[int, int]:
         return dict(session.execute(text("SELECT partition, next_offset FROM positions")).all())
 
 
+def cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    """Run `microbatch ARGS...` as an operator would."""
+    return subprocess.run([sys.executable, "-m", "microbatch.cli", *args], env={**os.environ, **env},
+                          capture_output=True, text=True, timeout=120, check=False)
+
+
 def verify_ledger(env: dict[str, str]) -> dict:
     result = subprocess.run(
         [sys.executable, "-m", "microbatch.cli", "verify", "ip_count", "--json"],

@@ -6,14 +6,15 @@ and compares the sink with a recount of the produced lines made here, independen
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime
 
 import pytest
-from sqlalchemy import text
+from sqlalchemy import make_url, text
 
 from microbatch.datagen import generate_lines, produce_lines
 from microbatch.ledger.database import transaction
-from tests.e2e.helpers import assert_exactly_once, run_pipeline, write_test_spec
+from tests.e2e.helpers import assert_exactly_once, cli, run_pipeline, write_test_spec
 
 pytestmark = pytest.mark.e2e
 
@@ -44,6 +45,8 @@ def test_ip_count_end_to_end_then_only_new_offsets(pipeline_env, topic, kafka, l
     assert "records, lag after this batch" in log
     assert "rows merged into ip_counts" in log
     assert "nothing new to read" in log
+    password = make_url(ledger_url).password
+    assert password and password not in log, "a secret leaked into the task logs"
 
     more = generate_lines(1_500, ips=40, span_seconds=30, malformed=0.05, seed=12,
                           start=datetime(2026, 11, 22, 12, 5, 0, tzinfo=UTC))
@@ -57,3 +60,31 @@ def test_ip_count_end_to_end_then_only_new_offsets(pipeline_env, topic, kafka, l
             "WHERE b.id = (SELECT max(id) FROM batches)"
         )).scalar_one()
     assert last == 1_500  # the new run read only the new offsets
+
+    # The operator CLI, against the ledger of this real run.
+    status = json.loads(cli(pipeline_env, "status", "ip_count", "--json").stdout)["ip_count"]
+    assert {row["partition"]: row["position"] for row in status} == {p: e for p, e in _ends(coords + more_coords)}
+    assert all(row["lag"] == 0 for row in status)
+    history = json.loads(cli(pipeline_env, "history", "ip_count", "--json").stdout)
+    assert [b["state"] for b in history] == ["committed"] * len(history)
+    assert sum(b["records"] for b in history) == 11_500
+    partition, offset = more_coords[10]
+    found = json.loads(cli(pipeline_env, "find", "ip_count", topic, str(partition), str(offset), "--json").stdout)
+    assert found["kind"] == "batch" and found["batch_id"] == history[0]["id"]
+    assert found["airflow_run_id"] == history[0]["airflow_run_id"]
+    assert cli(pipeline_env, "find", "ip_count", topic, str(partition), "999999").returncode == 1
+    assert cli(pipeline_env, "verify", "ip_count").returncode == 0
+
+    # A deliberately corrupted range: verify fails and names the hole.
+    with transaction(ledger_url) as session:
+        session.execute(text("UPDATE ranges SET end_offset = end_offset - 3 WHERE id = (SELECT min(id) FROM ranges)"))
+    broken = cli(pipeline_env, "verify", "ip_count")
+    assert broken.returncode == 1
+    assert "are in no committed range and no gap" in broken.stdout
+
+
+def _ends(coords):
+    ends = {}
+    for partition, offset in coords:
+        ends[partition] = max(ends.get(partition, 0), offset + 1)
+    return sorted(ends.items())

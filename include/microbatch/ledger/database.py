@@ -13,7 +13,7 @@ from sqlalchemy import Engine, create_engine, make_url
 from sqlalchemy.exc import ArgumentError
 from sqlalchemy.orm import Session, sessionmaker
 
-from microbatch.errors import ConnectionSettingsError
+from microbatch.errors import ConnectionSettingsError, TransientServiceError
 
 log = logging.getLogger(__name__)
 LEDGER_URL_ENV = "MICROBATCH_LEDGER_URL"
@@ -38,6 +38,15 @@ def safe_url(url: str) -> str:
         return make_url(url).render_as_string(hide_password=True)
     except ArgumentError:
         return "<unparseable URL>"
+
+
+def unreachable(url: str, exc: Exception) -> TransientServiceError:
+    """One sentence for a failed ledger connection: where, why (first line only), and what to check."""
+    reason = str(getattr(exc, "orig", exc)).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return TransientServiceError(
+        f"Cannot use the ledger database at {safe_url(url)}: {reason}.",
+        fix=f"Check the Airflow connection microbatch_ledger or {LEDGER_URL_ENV} (host, port, user, password).",
+    )
 
 
 @lru_cache(maxsize=8)

@@ -1,0 +1,159 @@
+"""Read-only views of the ledger for operators: the CLI and the Airflow UI page both use these.
+
+Every function takes the caller's session and returns plain dataclasses, ready for a Rich
+table, JSON or a web page.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import text
+from sqlalchemy.orm import Session
+
+from microbatch.planning import TopicPartition
+
+
+@dataclass
+class PartitionStatus:
+    topic: str
+    partition: int
+    position: int | None
+    latest: int | None
+    lag: int | None
+    last_batch_id: int | None
+    last_commit_age_s: float | None
+
+
+@dataclass
+class BatchSummary:
+    id: int
+    kind: str
+    state: str
+    attempt: int
+    ranges: str
+    records: int | None
+    dead_letters: int | None
+    late_records: int | None
+    durations: dict[str, Any]
+    airflow_run_id: str | None
+    created_at: datetime
+    committed_at: datetime | None
+    error: str | None
+
+
+@dataclass
+class OffsetOwner:
+    """Who accounts for one offset: a committed batch, a recorded gap, or nobody yet."""
+
+    kind: str  # "batch", "gap" or "none"
+    batch_id: int | None = None
+    airflow_run_id: str | None = None
+    start: int | None = None
+    end: int | None = None
+    reason: str | None = None
+
+
+def to_dict(item: object) -> dict[str, Any]:
+    """A JSON-friendly dict of one of the dataclasses here."""
+    data = asdict(item)  # type: ignore[call-overload]
+    return {k: v.isoformat() if isinstance(v, datetime) else v for k, v in data.items()}
+
+
+def pipeline_names(session: Session) -> list[str]:
+    return list(session.execute(text("SELECT name FROM pipelines ORDER BY name")).scalars())
+
+
+def pipeline_id(session: Session, name: str) -> int | None:
+    return session.execute(text("SELECT id FROM pipelines WHERE name = :n"), {"n": name}).scalar_one_or_none()
+
+
+def partition_status(
+    session: Session, pipeline: int, latest: dict[TopicPartition, int] | None = None
+) -> list[PartitionStatus]:
+    """Per partition: the ledger position, the latest offset (when given), the lag and the last commit."""
+    rows = session.execute(
+        text(
+            "SELECT p.topic, p.partition, p.next_offset, p.last_batch_id, b.committed_at "
+            "FROM positions p LEFT JOIN batches b ON b.id = p.last_batch_id "
+            "WHERE p.pipeline_id = :p ORDER BY p.topic, p.partition"
+        ),
+        {"p": pipeline},
+    ).all()
+    now = datetime.now(tz=UTC)
+    known = {TopicPartition(r.topic, r.partition): r for r in rows}
+    result = []
+    for tp in sorted(set(known) | set(latest or {})):
+        row = known.get(tp)
+        position = row.next_offset if row else None
+        end = (latest or {}).get(tp)
+        result.append(
+            PartitionStatus(
+                topic=tp.topic,
+                partition=tp.partition,
+                position=position,
+                latest=end,
+                lag=None if end is None or position is None else max(0, end - position),
+                last_batch_id=row.last_batch_id if row else None,
+                last_commit_age_s=(now - row.committed_at).total_seconds() if row and row.committed_at else None,
+            )
+        )
+    return result
+
+
+def batch_history(session: Session, pipeline: int, limit: int = 20) -> list[BatchSummary]:
+    """The most recent batches, newest first, with their ranges, counts and durations."""
+    rows = session.execute(
+        text(
+            "SELECT b.*, (SELECT string_agg(r.topic || '[' || r.partition || '] [' || r.start_offset || ', ' "
+            "|| r.end_offset || ')', ' ' ORDER BY r.topic, r.partition) FROM ranges r WHERE r.batch_id = b.id) "
+            "AS range_text FROM batches b WHERE b.pipeline_id = :p ORDER BY b.id DESC LIMIT :n"
+        ),
+        {"p": pipeline, "n": limit},
+    ).mappings()
+    return [
+        BatchSummary(
+            id=row["id"],
+            kind=row["kind"],
+            state=row["state"],
+            attempt=row["attempt"],
+            ranges=row["range_text"] or "",
+            records=(row["counts"] or {}).get("records"),
+            dead_letters=(row["counts"] or {}).get("dead_letters"),
+            late_records=(row["counts"] or {}).get("late_records"),
+            durations=dict(row["timings"] or {}),
+            airflow_run_id=row["airflow_run_id"],
+            created_at=row["created_at"],
+            committed_at=row["committed_at"],
+            error=row["error"],
+        )
+        for row in rows
+    ]
+
+
+def find_offset(session: Session, pipeline: int, topic: str, partition: int, offset: int) -> OffsetOwner:
+    """The committed batch (and its Airflow run) that processed an offset, or the gap that lost it."""
+    params = {"p": pipeline, "t": topic, "n": partition, "o": offset}
+    row = session.execute(
+        text(
+            "SELECT b.id, b.airflow_run_id, r.start_offset, r.end_offset FROM ranges r "
+            "JOIN batches b ON b.id = r.batch_id WHERE r.pipeline_id = :p AND r.topic = :t AND r.partition = :n "
+            "AND r.committed AND int8range(r.start_offset, r.end_offset) @> CAST(:o AS bigint)"
+        ),
+        params,
+    ).one_or_none()
+    if row:
+        return OffsetOwner("batch", row.id, row.airflow_run_id, row.start_offset, row.end_offset)
+    gap = session.execute(
+        text(
+            "SELECT g.batch_id, g.start_offset, g.end_offset, g.reason FROM gaps g JOIN batches b ON b.id = g.batch_id "
+            "WHERE g.pipeline_id = :p AND g.topic = :t AND g.partition = :n AND b.state = 'committed' "
+            "AND int8range(g.start_offset, g.end_offset) @> CAST(:o AS bigint)"
+        ),
+        params,
+    ).one_or_none()
+    if gap:
+        return OffsetOwner("gap", gap.batch_id, None, gap.start_offset, gap.end_offset, gap.reason)
+    return OffsetOwner("none")
