@@ -262,6 +262,15 @@ def counts(limit: Annotated[int, typer.Option(min=1)] = 15) -> None:
     console.print(table)
 
 
+def _create_output_topics(pipeline: str) -> None:
+    from microbatch.config import find_spec
+    from microbatch.devstack import create_topic
+    from microbatch.kafka_offsets import bootstrap_from_env
+
+    for sink in find_spec(pipeline).kafka_sinks:
+        create_topic(bootstrap_from_env(), sink.topic, 4)
+
+
 @app.command()
 def demo(count: int = 10_000) -> None:
     """The whole path on the local stack: services, data, the ip_count DAG, the results."""
@@ -272,6 +281,7 @@ def demo(count: int = 10_000) -> None:
     env = devstack.up()
     os.environ.update(env)
     run_migrate(env["MICROBATCH_LEDGER_URL"])
+    _create_output_topics("ip_count")
     generate(count=count, topic="ip_count_source", partitions=4, ips=20, span_seconds=60, out_of_order=0.1,
              malformed=0.02, seed=int.from_bytes(os.urandom(2), "big"))
     run("ip_count", max_runs=20)
@@ -291,6 +301,8 @@ def airflow() -> None:
     env = devstack.up()
     os.environ.update(env)
     run_migrate(env["MICROBATCH_LEDGER_URL"])
+    devstack.create_topic(env["MICROBATCH_KAFKA_BOOTSTRAP"], "ip_count_source", 4)
+    _create_output_topics("ip_count")
     console.print(f"Airflow UI on http://127.0.0.1:8080 (AIRFLOW_HOME={os.environ['AIRFLOW_HOME']})")
     airflow_bin = os.path.join(os.path.dirname(sys.executable), "airflow")
     os.execv(airflow_bin, [airflow_bin, "standalone"])
