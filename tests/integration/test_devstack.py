@@ -1,0 +1,77 @@
+"""The local stack itself: a real KRaft broker and a real PostgreSQL start, serve, survive a hard
+restart with their data, and stop, leaving their ports closed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import psycopg
+import pytest
+from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+from sqlalchemy import create_engine, text
+
+from microbatch.devstack import KafkaBroker, LocalPostgres, create_topic, port_open
+
+pytestmark = pytest.mark.integration
+
+
+def _consume_all(bootstrap: str, topic: str, partitions: int) -> list[tuple[int, bytes]]:
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, auto_offset_reset="earliest",
+                             isolation_level="read_committed", consumer_timeout_ms=5000)
+    try:
+        consumer.assign([TopicPartition(topic, p) for p in range(partitions)])
+        return sorted((m.partition, m.value) for m in consumer)
+    finally:
+        consumer.close()
+
+
+def test_kafka_broker_serves_and_survives_a_hard_restart(tmp_path: Path) -> None:
+    broker = KafkaBroker(tmp_path / "kafka")
+    with broker:
+        port = broker.port
+        create_topic(broker.bootstrap_servers, "devstack", 4)
+        create_topic(broker.bootstrap_servers, "devstack", 4)  # idempotent
+        producer = KafkaProducer(bootstrap_servers=broker.bootstrap_servers, acks="all")
+        for i in range(10):
+            producer.send("devstack", value=f"r{i}".encode(), partition=i % 4)
+        producer.flush()
+        producer.close()
+        records = _consume_all(broker.bootstrap_servers, "devstack", 4)
+        assert sorted(v for _, v in records) == sorted(f"r{i}".encode() for i in range(10))
+        assert {p for p, _ in records} == {0, 1, 2, 3}
+
+        pid = broker.pid
+        broker.restart(hard=True)
+        assert broker.port == port and broker.pid != pid
+        assert _consume_all(broker.bootstrap_servers, "devstack", 4) == records
+        assert (tmp_path / "kafka" / "broker.log").stat().st_size > 0, "the broker must log to its file"
+    assert not port_open(port)
+    assert not port_open(broker.controller_port)
+
+
+def test_postgres_has_btree_gist_and_a_password_user(tmp_path: Path) -> None:
+    server = LocalPostgres(tmp_path / "postgres")
+    with server:
+        server.create_database("devstack")
+        server.create_database("devstack")  # idempotent
+        url = server.url("devstack")
+        assert url.startswith(f"postgresql+psycopg://{server.user}:") and f":{server.port}/devstack" in url
+        engine = create_engine(url)
+        with engine.begin() as conn:
+            conn.execute(text("CREATE EXTENSION IF NOT EXISTS btree_gist"))
+            conn.execute(text("CREATE TABLE spans (k int, r int4range, EXCLUDE USING gist (k WITH =, r WITH &&))"))
+            conn.execute(text("INSERT INTO spans VALUES (1, '[0,10)'), (1, '[10,20)'), (2, '[0,10)')"))
+            assert conn.execute(text("SELECT count(*) FROM spans")).scalar_one() == 3
+        with pytest.raises(Exception, match="conflicting key value"), engine.begin() as conn:
+            conn.execute(text("INSERT INTO spans VALUES (1, '[5,15)')"))
+        engine.dispose()
+        with pytest.raises(psycopg.OperationalError, match="password authentication failed"):
+            psycopg.connect(host="127.0.0.1", port=server.port, user=server.user, password="wrong",
+                            dbname="devstack").close()
+
+        server.restart(hard=True)
+        engine = create_engine(url)
+        with engine.connect() as conn:
+            assert conn.execute(text("SELECT count(*) FROM spans")).scalar_one() == 3
+        engine.dispose()
+    assert not port_open(server.port)
