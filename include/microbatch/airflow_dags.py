@@ -139,7 +139,34 @@ class StageBatchOperator(SparkSubmitOperator):
         self.env_vars = {**(self.env_vars or {}), **env}
         if not self.jars:
             self.jars = ",".join(str(p) for p in spark_jars())
+        # Executors on a cluster import the platform and the job from this zip; local mode finds them anyway.
+        self.py_files = ",".join(filter(None, [self.py_files, str(library_zip())]))
+        self.conf = {"spark.pyspark.python": sys.executable, **(self.conf or {})}
         super().execute(context)
+
+
+def library_zip() -> Path:
+    """A zip of include/microbatch and spark_jobs for `--py-files`, rebuilt when the code changes."""
+    import hashlib
+    import zipfile
+
+    from microbatch.devstack import cache_dir
+
+    sources = sorted(
+        p for folder in (PROJECT_ROOT / "include" / "microbatch", PROJECT_ROOT / "spark_jobs")
+        for p in folder.rglob("*.py") if "__pycache__" not in p.parts
+    )
+    digest = hashlib.sha256(b"".join(p.read_bytes() for p in sources)).hexdigest()[:12]
+    target = cache_dir() / "pyfiles" / f"microbatch-{digest}.zip"
+    if not target.exists():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        partial = target.with_suffix(f".{os.getpid()}.tmp")
+        with zipfile.ZipFile(partial, "w", zipfile.ZIP_DEFLATED) as archive:
+            for path in sources:
+                base = PROJECT_ROOT / "include" if path.is_relative_to(PROJECT_ROOT / "include") else PROJECT_ROOT
+                archive.write(path, path.relative_to(base))
+        partial.replace(target)
+    return target
 
 
 def build_dag(spec: PipelineSpec) -> DAG:
