@@ -45,6 +45,22 @@ class BatchSummary:
 
 
 @dataclass
+class GapSummary:
+    """Offsets [start, end) of one partition recorded as lost, and the batch that recorded them."""
+
+    id: int
+    batch_id: int | None
+    batch_state: str | None
+    topic: str
+    partition: int
+    start: int
+    end: int
+    size: int
+    reason: str
+    created_at: datetime
+
+
+@dataclass
 class OffsetOwner:
     """Who accounts for one offset: a committed batch, a recorded gap, or nobody yet."""
 
@@ -105,13 +121,23 @@ def partition_status(
 
 def batch_history(session: Session, pipeline: int, limit: int = 20) -> list[BatchSummary]:
     """The most recent batches, newest first, with their ranges, counts and durations."""
+    return _batches(session, pipeline, limit, kind=None)
+
+
+def backfill_batches(session: Session, pipeline: int, limit: int = 20) -> list[BatchSummary]:
+    """The most recent backfills (batches of kind `backfill`), newest first: what each one re-read."""
+    return _batches(session, pipeline, limit, kind="backfill")
+
+
+def _batches(session: Session, pipeline: int, limit: int, kind: str | None) -> list[BatchSummary]:
     rows = session.execute(
         text(
             "SELECT b.*, (SELECT string_agg(r.topic || '[' || r.partition || '] [' || r.start_offset || ', ' "
             "|| r.end_offset || ')', ' ' ORDER BY r.topic, r.partition) FROM ranges r WHERE r.batch_id = b.id) "
-            "AS range_text FROM batches b WHERE b.pipeline_id = :p ORDER BY b.id DESC LIMIT :n"
+            "AS range_text FROM batches b WHERE b.pipeline_id = :p AND (CAST(:k AS text) IS NULL OR b.kind = :k) "
+            "ORDER BY b.id DESC LIMIT :n"
         ),
-        {"p": pipeline, "n": limit},
+        {"p": pipeline, "n": limit, "k": kind},
     ).mappings()
     return [
         BatchSummary(
@@ -130,6 +156,36 @@ def batch_history(session: Session, pipeline: int, limit: int = 20) -> list[Batc
             error=row["error"],
         )
         for row in rows
+    ]
+
+
+def recorded_gaps(session: Session, pipeline: int, limit: int = 50) -> list[GapSummary]:
+    """Offsets the ledger records as lost, newest first, with the batch that recorded each and its state.
+
+    Only gaps of committed batches count as lost; those of open or failed batches are shown for context.
+    """
+    rows = session.execute(
+        text(
+            "SELECT g.id, g.batch_id, b.state AS batch_state, g.topic, g.partition, g.start_offset, g.end_offset, "
+            "g.reason, g.created_at FROM gaps g LEFT JOIN batches b ON b.id = g.batch_id "
+            "WHERE g.pipeline_id = :p ORDER BY g.id DESC LIMIT :n"
+        ),
+        {"p": pipeline, "n": limit},
+    ).all()
+    return [
+        GapSummary(
+            id=r.id,
+            batch_id=r.batch_id,
+            batch_state=r.batch_state,
+            topic=r.topic,
+            partition=r.partition,
+            start=r.start_offset,
+            end=r.end_offset,
+            size=r.end_offset - r.start_offset,
+            reason=r.reason,
+            created_at=r.created_at,
+        )
+        for r in rows
     ]
 
 
