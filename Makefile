@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 export PYTHONPATH := $(CURDIR)/include:$(CURDIR)
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: demo test unit integration e2e lint jars venv airflow down bench clean
+.PHONY: demo test unit integration e2e lint jars venv airflow down bench clean browser
 
 $(STAMP): requirements.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -24,9 +24,13 @@ jars: $(STAMP)
 demo: jars
 	$(PY) -m microbatch.cli demo
 
-test: jars
+test: jars browser
 	$(PY) -m ruff check .
 	$(PY) -m pytest -p no:cacheprovider --timeout=900 tests
+
+# Debian's chromium, for the browser test of the ledger page (Playwright drives it; no browser download).
+browser:
+	command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium)
 
 unit: $(STAMP)
 	$(PY) -m pytest -p no:cacheprovider tests/unit
