@@ -7,11 +7,12 @@ reads the same ranges, and the logic is unit-tested on its own (like Hudi's
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import math
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from itertools import pairwise
 
-from microbatch.config import OnDataLoss, SourceSpec, Startup
+from microbatch.config import OffsetReset, OnDataLoss, SourceSpec, Startup
 from microbatch.errors import DataLossError, SpecError
 
 
@@ -57,6 +58,18 @@ class Gap:
 
 
 @dataclass(frozen=True)
+class StartupOffsets:
+    """What the broker answered for the startup modes of new partitions (read only when needed).
+
+    `committed`: the takeover group's committed offset per partition (None: it has none).
+    `for_time`: the first offset at or after `startup.timestamp` (None: no such record).
+    """
+
+    committed: Mapping[TopicPartition, int | None] = field(default_factory=dict)
+    for_time: Mapping[TopicPartition, int | None] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class Plan:
     """What one batch will read, and what planning noticed on the way."""
 
@@ -64,6 +77,15 @@ class Plan:
     new_partitions: tuple[TopicPartition, ...] = ()
     gaps: tuple[Gap, ...] = ()
     backlog: Mapping[TopicPartition, int] = field(default_factory=dict)
+    """Offsets between each partition's start and the latest (stable) offset, before this batch."""
+    starts: Mapping[TopicPartition, int] = field(default_factory=dict)
+    """Where each discovered partition starts (its ledger position, or its resolved startup offset)."""
+    startup: Mapping[TopicPartition, str] = field(default_factory=dict)
+    """How each new partition's start was chosen, for the log."""
+    disappeared_topics: tuple[str, ...] = ()
+    """Topics the ledger has positions for that the broker no longer lists; their rows are kept."""
+    deferred: str | None = None
+    """Why no batch runs although records are waiting (`min_records_per_batch`), else None."""
 
     @property
     def records(self) -> int:
@@ -73,27 +95,103 @@ class Plan:
     def lag_after(self) -> int:
         return sum(self.backlog.values()) - self.records
 
+    def lag_after_by_partition(self) -> dict[TopicPartition, int]:
+        """Offsets each partition still has to read after this batch."""
+        read = {r.tp: r.size for r in self.ranges}
+        return {tp: lag - read.get(tp, 0) for tp, lag in sorted(self.backlog.items())}
+
+
+def needs_group_offsets(source: SourceSpec, new_partitions: Iterable[TopicPartition]) -> bool:
+    """Whether resolving the new partitions needs the takeover group's committed offsets."""
+    mode = source.startup.mode
+    if mode is Startup.GROUP_OFFSETS:
+        return any(True for _ in new_partitions)
+    if mode is Startup.SPECIFIC_OFFSETS:
+        listed = source.startup.specific_offsets
+        return any((tp.topic, tp.partition) not in listed for tp in new_partitions)
+    return False
+
+
+def needs_offsets_for_time(source: SourceSpec, new_partitions: Iterable[TopicPartition]) -> bool:
+    """Whether resolving the new partitions needs offsets-for-times."""
+    return source.startup.mode is Startup.TIMESTAMP and any(True for _ in new_partitions)
+
+
+def check_specific_offsets(source: SourceSpec, discovered: Iterable[TopicPartition]) -> None:
+    """Refuse a `specific_offsets` entry for a partition the source does not have (SpecError)."""
+    if source.startup.mode is not Startup.SPECIFIC_OFFSETS:
+        return
+    known = {(tp.topic, tp.partition) for tp in discovered}
+    for topic, partition in sorted(source.startup.specific_offsets):
+        if (topic, partition) not in known:
+            have = sorted(p for t, p in known if t == topic)
+            where = f"topic '{topic}' has partitions {have[0]}..{have[-1]}" if have else f"the source has no '{topic}'"
+            raise SpecError(
+                f"source.startup.offsets names partition {topic}:{partition}, but {where}.",
+                fix="Remove the entry or fix the topic or partition number in the pipeline spec.",
+            )
+
+
+def startup_offset(
+    tp: TopicPartition, low: int, high: int, source: SourceSpec, looked_up: StartupOffsets
+) -> tuple[int, str]:
+    """The first offset of a partition the ledger has never seen, by `source.startup`, and how it was chosen.
+
+    An offset outside [earliest, latest] is refused with a SpecError rather than silently moved.
+    """
+    startup = source.startup
+    mode = startup.mode
+    if mode is Startup.EARLIEST:
+        return low, "earliest"
+    if mode is Startup.LATEST:
+        return high, "latest"
+    if mode is Startup.TIMESTAMP:
+        found = looked_up.for_time.get(tp)
+        if found is None:
+            return high, f"latest (no record at or after timestamp {startup.timestamp})"
+        return min(found, high), f"timestamp {startup.timestamp}"
+    offset: int | None = None
+    how = ""
+    if mode is Startup.SPECIFIC_OFFSETS:
+        offset = startup.specific_offsets.get((tp.topic, tp.partition))
+        how = "specific offset"
+    if offset is None:
+        offset = looked_up.committed.get(tp)
+        how = "group offset"
+    if offset is None:
+        offset = low if startup.reset is OffsetReset.EARLIEST else high
+        return offset, f"{startup.reset.value} (no committed group offset)"
+    if not low <= offset <= high:
+        raise SpecError(
+            f"{tp}: the startup {how} {offset} lies outside the partition's offsets [{low}, {high}].",
+            fix="Choose an offset inside that range, or another source.startup mode.",
+        )
+    return offset, f"{how} {offset}"
+
 
 def resolve_starts(
     positions: Mapping[TopicPartition, int],
     earliest: Mapping[TopicPartition, int],
     latest: Mapping[TopicPartition, int],
     source: SourceSpec,
-) -> tuple[dict[TopicPartition, int], list[TopicPartition], list[Gap]]:
+    looked_up: StartupOffsets | None = None,
+) -> tuple[dict[TopicPartition, int], list[TopicPartition], list[Gap], dict[TopicPartition, str]]:
     """Decide where each discovered partition starts.
 
     A partition the ledger knows starts at its position. A new one starts by the startup
     mode. A position below the earliest offset is data loss: it fails the plan under
     `on_data_loss: fail`, and becomes a recorded gap under `skip`. Never a silent reset.
     """
+    looked_up = looked_up or StartupOffsets()
     starts: dict[TopicPartition, int] = {}
     new: list[TopicPartition] = []
     gaps: list[Gap] = []
+    how: dict[TopicPartition, str] = {}
     for tp in sorted(latest):
         low, high = earliest[tp], latest[tp]
         if tp not in positions:
             new.append(tp)
-            starts[tp] = low if source.startup is Startup.EARLIEST else high
+            starts[tp], how[tp] = startup_offset(tp, low, high, source, looked_up)
             continue
         position = positions[tp]
         if position > high:
@@ -111,7 +209,7 @@ def resolve_starts(
             gaps.append(Gap(tp.topic, tp.partition, position, low, "deleted by retention before it was read"))
             position = low
         starts[tp] = position
-    return starts, new, gaps
+    return starts, new, gaps, how
 
 
 def split_budget(backlog: Mapping[TopicPartition, int], limit: int) -> dict[TopicPartition, int]:
@@ -142,10 +240,18 @@ def plan_ranges(
     starts: Mapping[TopicPartition, int],
     latest: Mapping[TopicPartition, int],
     max_records_per_batch: int,
+    max_records_per_partition: int | None = None,
 ) -> tuple[list[OffsetRange], dict[TopicPartition, int]]:
-    """The non-empty ranges of the next batch, and the backlog per partition before it."""
+    """The non-empty ranges of the next batch, and the backlog per partition before it.
+
+    Each partition is first capped at `max_records_per_partition`, then the batch limit is
+    shared in proportion to the capped backlogs.
+    """
     backlog = {tp: max(0, latest[tp] - start) for tp, start in starts.items()}
-    budget = split_budget(backlog, max_records_per_batch)
+    capped = backlog if max_records_per_partition is None else {
+        tp: min(size, max_records_per_partition) for tp, size in backlog.items()
+    }
+    budget = split_budget(capped, max_records_per_batch)
     ranges = [
         OffsetRange(tp.topic, tp.partition, starts[tp], starts[tp] + budget[tp])
         for tp in sorted(starts)
@@ -154,16 +260,119 @@ def plan_ranges(
     return ranges, backlog
 
 
+def defer_reason(available: int, source: SourceSpec, waited_seconds: float | None) -> str | None:
+    """Why a batch of `available` records should wait for more (`min_records_per_batch`), or None to run it.
+
+    Like Spark's `minOffsetsPerTrigger` with `maxTriggerDelay`: a small batch waits, but never
+    longer than the wait limit since the last batch.
+    """
+    minimum = source.min_records_per_batch
+    if minimum is None or available == 0 or available >= minimum:
+        return None
+    waited = waited_seconds or 0.0
+    limit = source.wait_limit_seconds
+    if waited >= limit:
+        return None
+    return (f"only {available} new record(s), below min_records_per_batch {minimum}; "
+            f"waiting up to {limit:.0f}s since the last batch ({waited:.0f}s so far)")
+
+
+def spark_splits(ranges: Iterable[OffsetRange], min_partitions: int) -> list[OffsetRange]:
+    """The pieces Spark's Kafka source reads a batch in under `minPartitions` (one Spark task each).
+
+    A pure mirror of Spark's `KafkaOffsetRangeCalculator` (and Hudi's `computeOffsetRanges`):
+    when there are fewer ranges than `min_partitions`, large ranges are cut into parts in
+    proportion to their size (rounded half up, at least one), and each range is cut into
+    near-equal consecutive parts. It depends only on the ranges, so a replay reads the same splits.
+    The ledger keeps one range per partition; the splits exist only inside the Spark read.
+    """
+    ranges = [r for r in ranges if r.size > 0]
+    if not min_partitions or len(ranges) >= min_partitions:
+        return ranges
+
+    def part_count(size: int, total: int, parts: int) -> int:
+        return max(math.floor(size / total * parts + 0.5), 1)
+
+    total = sum(r.size for r in ranges)
+    unsplit = [r for r in ranges if part_count(r.size, total, min_partitions) == 1]
+    split_total = total - sum(r.size for r in unsplit)
+    split_min = max(min_partitions - len(unsplit), 1)
+    pieces: list[OffsetRange] = []
+    for r in ranges:
+        parts = 1 if r in unsplit else part_count(r.size, split_total, split_min)
+        remaining, start = r.size, r.start
+        for part in range(parts):
+            size = remaining // (parts - part)  # the last part takes the rounding
+            remaining -= size
+            end = min(start + size, r.end)
+            if end > start:
+                pieces.append(OffsetRange(r.topic, r.partition, start, end))
+            start = end
+    return pieces
+
+
+def disappeared_topics(positions: Mapping[TopicPartition, int], discovered: Iterable[TopicPartition]) -> list[str]:
+    """Topics the ledger has positions for that discovery no longer finds (deleted or no longer matching)."""
+    seen = {tp.topic for tp in discovered}
+    return sorted({tp.topic for tp in positions} - seen)
+
+
 def plan_batch(
     positions: Mapping[TopicPartition, int],
     earliest: Mapping[TopicPartition, int],
     latest: Mapping[TopicPartition, int],
     source: SourceSpec,
+    looked_up: StartupOffsets | None = None,
+    waited_seconds: float | None = None,
 ) -> Plan:
-    """Everything `plan` decides, from what it read: starts, data-loss policy and ranges."""
-    starts, new, gaps = resolve_starts(positions, earliest, latest, source)
-    ranges, backlog = plan_ranges(starts, latest, source.max_records_per_batch)
-    return Plan(ranges=tuple(ranges), new_partitions=tuple(new), gaps=tuple(gaps), backlog=backlog)
+    """Everything `plan` decides, from what it read: starts, data-loss policy, limits and ranges.
+
+    `looked_up` carries the broker's answers for the startup modes; `waited_seconds` is the
+    time since the last batch, for `min_records_per_batch`.
+    """
+    check_specific_offsets(source, latest)
+    starts, new, gaps, how = resolve_starts(positions, earliest, latest, source, looked_up)
+    ranges, backlog = plan_ranges(starts, latest, source.max_records_per_batch, source.max_records_per_partition)
+    deferred = None
+    if not gaps:
+        deferred = defer_reason(sum(backlog.values()), source, waited_seconds)
+        if deferred:
+            ranges = []
+    return Plan(
+        ranges=tuple(ranges),
+        new_partitions=tuple(new),
+        gaps=tuple(gaps),
+        backlog=backlog,
+        starts=starts,
+        startup=how,
+        disappeared_topics=tuple(disappeared_topics(positions, latest)),
+        deferred=deferred,
+    )
+
+
+def lost_ranges(ranges: Iterable[OffsetRange], earliest: Mapping[TopicPartition, int]) -> list[OffsetRange]:
+    """The parts of planned ranges that retention has deleted since they were planned (start below earliest)."""
+    return [
+        OffsetRange(r.topic, r.partition, r.start, min(r.end, earliest[r.tp]))
+        for r in sorted(ranges)
+        if r.tp in earliest and r.start < earliest[r.tp]
+    ]
+
+
+def data_loss_at_read(batch_id: int, lost: list[OffsetRange], on_data_loss: OnDataLoss) -> DataLossError:
+    """The one-sentence error for offsets of an open batch that were deleted between plan and stage."""
+    names = ", ".join(f"{r.topic}[{r.partition}] [{r.start}, {r.end})" for r in lost)
+    how = (
+        "The next plan abandons this batch and records the lost offsets as a gap (on_data_loss: skip)."
+        if on_data_loss is OnDataLoss.SKIP
+        else "Restore the offsets, or set source.on_data_loss: skip so the next plan abandons this batch "
+        "and records them as a gap."
+    )
+    return DataLossError(
+        f"Batch {batch_id}: offsets {names} were deleted by retention after the batch was planned and before "
+        "they were read.",
+        fix=how,
+    )
 
 
 def find_overlaps(ranges: list[OffsetRange]) -> list[tuple[OffsetRange, OffsetRange]]:
