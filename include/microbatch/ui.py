@@ -32,8 +32,8 @@ from microbatch.planning import TopicPartition
 log = logging.getLogger(__name__)
 PAGE_PATH = "/ledger"
 JSON_PATH = "/api/ledger"
-# The backfill DAG of a pipeline; its scheduled DAG id is the pipeline name.
-BACKFILL_DAG_SUFFIX = "_backfill"
+# The backfill DAG of a pipeline is `<pipeline>__backfill` (see microbatch.backfill); the scheduled one is `<pipeline>`.
+BACKFILL_DAG_SUFFIX = "__backfill"
 
 
 @dataclass(frozen=True)

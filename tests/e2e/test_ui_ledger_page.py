@@ -64,7 +64,7 @@ def fill_ledger(url: str, bootstrap: str, topic: str) -> None:
     spec = find_spec("ip_count")
     produce_lines(bootstrap, topic, generate_lines(400, seed=11))
     first = plan_next_batch(spec, url, bootstrap, airflow_run_id=RUN_1)
-    assert first.batch_id is not None and first.records == 150
+    assert first.batch_id is not None and first.records == 150, first
     stage_and_commit(url, spec, first.batch_id)
 
     with transaction(url) as session:
@@ -236,7 +236,7 @@ def test_ledger_page_shows_the_ledger_behind_airflow_login(airflow_server, servi
                 row = section.locator(f'table[data-table=batches] tr[data-batch="{batch_id}"]')
                 assert kind in row.inner_text() and state in row.inner_text()
                 assert row.locator("[data-field=records]").inner_text() == (records or "-")
-                dag_id = "ip_count_backfill" if kind == "backfill" else "ip_count"
+                dag_id = "ip_count__backfill" if kind == "backfill" else "ip_count"
                 href = row.locator("a").get_attribute("href")
                 assert href == f"../dags/{dag_id}/runs/{quote(run_id, safe='')}"
                 assert row.locator("a").inner_text() == run_id
