@@ -161,6 +161,13 @@ class StandaloneAirflow:
             self.proc.wait(timeout=10)
         except ProcessLookupError:
             pass
+        # Its components may outlive it for a moment: wait for the whole group, then kill what is left.
+        for attempt in range(50):  # 10 s at most; zombies awaiting their reaper can stay listed
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL if attempt == 25 else 0)
+            except ProcessLookupError:
+                return
+            time.sleep(0.2)
 
 
 @pytest.fixture
