@@ -1,0 +1,308 @@
+"""Shared plumbing of the benchmarks: a private local stack (Kafka + PostgreSQL on loopback), a
+modified ip_count spec, fast data production with Kafka's ProducerPerformance, spark-submit with
+psutil RSS sampling of the whole process tree, and result tables.
+
+Every benchmark starts its own broker and PostgreSQL under a temporary directory and stops them
+at the end, so it never touches the detached demo stack or a running test suite.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import psutil
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "bench" / "results"
+APPS = ROOT / "bench" / "spark_apps"
+PYTHON = sys.executable
+
+
+def reproduce_command(script: str, argv: list[str]) -> str:
+    return f"cd {ROOT} && PYTHONPATH=include:. .venv/bin/python bench/{script} {' '.join(argv)}".strip()
+
+
+# ---------------------------------------------------------------- the stack
+
+
+@dataclass
+class Stack:
+    work_dir: Path
+    bootstrap: str
+    postgres: object
+    broker: object
+    databases: list[str] = field(default_factory=list)
+
+    def fresh_ledger(self, name: str) -> str:
+        """A new, migrated ledger database; every measured run starts from an empty ledger."""
+        from microbatch.ledger.database import migrate
+
+        self.postgres.create_database(name)
+        url = self.postgres.url(name)
+        migrate(url)
+        return url
+
+
+@contextmanager
+def local_stack(prefix: str = "mb-bench-"):
+    from microbatch.devstack import DATABASE, KafkaBroker, LocalPostgres
+
+    work = Path(tempfile.mkdtemp(prefix=prefix))
+    os.chmod(work, 0o755)  # the embedded PostgreSQL may run as its own system user
+    postgres = LocalPostgres(work / "postgres")
+    broker = KafkaBroker(work / "kafka")
+    try:
+        postgres.start()
+        postgres.create_database(DATABASE)
+        broker.start()
+        yield Stack(work, broker.bootstrap_servers, postgres, broker)
+    finally:
+        broker.stop()
+        postgres.stop()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def write_spec(directory: Path, topics: list[str], max_records: int, shuffle_partitions: int = 4) -> Path:
+    """ip_count.yaml reading `topics`, without its Kafka sink (no publish phase is measured)."""
+    spec = yaml.safe_load((ROOT / "include/pipelines/ip_count.yaml").read_text())
+    spec["source"].update(topics=topics, max_records_per_batch=max_records, commit_group_offsets=False)
+    spec["sinks"] = [s for s in spec["sinks"] if s["type"] != "kafka"]
+    spec["spark"]["conf"] = {**spec["spark"]["conf"], "spark.ui.enabled": "false",
+                             "spark.sql.shuffle.partitions": str(shuffle_partitions)}
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "ip_count.yaml").write_text(yaml.safe_dump(spec))
+    return directory
+
+
+# ---------------------------------------------------------------- data
+
+
+def payload_file(path: Path, ips: int = 10_000, seed: int = 7) -> Path:
+    """One access-log line (~105 bytes) per IP, all inside one 5-second event-time window.
+
+    ProducerPerformance picks payload lines at random, so event time cannot grow with the offset;
+    keeping every line inside one window means no record is ever late, whatever the batch split,
+    and every batch produces at most `ips` output rows.
+    """
+    from microbatch.datagen import format_line
+
+    rng = random.Random(seed)
+    start = datetime(2026, 11, 22, 12, 0, 0, tzinfo=UTC)
+    lines = []
+    for i in range(1, ips + 1):
+        ip = f"10.{i // 65536 % 256}.{i // 256 % 256}.{i % 256}"
+        lines.append(format_line(ip, start + timedelta(seconds=rng.randrange(5))).decode())
+    path.write_text("\n".join(lines))
+    return path
+
+
+def kafka_tool(main: str, *args: str, timeout: float = 3600) -> subprocess.CompletedProcess[str]:
+    from microbatch.devstack import ensure_jars
+
+    command = ["java", "-Xmx1g", "-cp", str(ensure_jars("kafka") / "*"), main, *args]
+    return subprocess.run(command, capture_output=True, text=True, timeout=timeout, check=True)
+
+
+def produce(bootstrap: str, topic: str, records: int, payload: Path) -> dict:
+    """Kafka's ProducerPerformance from the payload file; returns records/s and seconds."""
+    started = time.monotonic()
+    out = kafka_tool(
+        "org.apache.kafka.tools.ProducerPerformance", "--topic", topic, "--num-records", str(records),
+        "--throughput", "-1", "--payload-file", str(payload), "--producer-props",
+        f"bootstrap.servers={bootstrap}", "acks=1", "linger.ms=20", "batch.size=524288",
+        "compression.type=none", "buffer.memory=134217728",
+    ).stdout
+    seconds = time.monotonic() - started
+    summary = [line for line in out.splitlines() if "records sent" in line][-1]
+    return {"records": records, "seconds": round(seconds, 2), "tool_summary": summary.strip()}
+
+
+def end_offsets(bootstrap: str, topic: str) -> dict[int, int]:
+    from microbatch.kafka_offsets import discover_partitions, offset_bounds, offsets_client
+
+    with offsets_client(bootstrap) as consumer:
+        _, latest = offset_bounds(consumer, discover_partitions(consumer, [topic]))
+    return {tp.partition: offset for tp, offset in latest.items()}
+
+
+# ---------------------------------------------------------------- processes
+
+
+@dataclass
+class Sampled:
+    returncode: int
+    seconds: float
+    stdout: str
+    stderr: str
+    peak_rss_mb: dict[str, float]
+
+    def json_lines(self) -> list[dict]:
+        """Lines of the child's stdout that start with BENCH: and carry JSON."""
+        return [json.loads(line.split("BENCH:", 1)[1]) for line in self.stdout.splitlines() if "BENCH:" in line]
+
+
+def _kind(proc: psutil.Process) -> str:
+    try:
+        name = proc.name()
+        cmd = " ".join(proc.cmdline()[:3])
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return "gone"
+    if "java" in name:
+        return "jvm"
+    if "pyspark.daemon" in cmd or "pyspark/daemon" in cmd or "pyspark.worker" in cmd:
+        return "python_workers"
+    if "python" in name:
+        return "python_driver"
+    return "other"
+
+
+def run_sampled(command: list[str], env: dict[str, str] | None = None, interval: float = 0.1,
+                timeout: float = 7200) -> Sampled:
+    """Run `command`, sampling the RSS of its process tree; peaks per process kind and of the tree."""
+    peaks: dict[str, float] = {}
+    started = time.monotonic()
+    proc = subprocess.Popen(command, env={**os.environ, **(env or {})}, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    done = threading.Event()
+
+    def sample() -> None:
+        root = psutil.Process(proc.pid)
+        while not done.is_set():
+            try:
+                tree = [root, *root.children(recursive=True)]
+            except psutil.NoSuchProcess:
+                break
+            total = 0.0
+            by_kind: dict[str, float] = {}
+            for p in tree:
+                try:
+                    rss = p.memory_info().rss / 2**20
+                except (psutil.NoSuchProcess, psutil.AccessDenied):
+                    continue
+                total += rss
+                kind = _kind(p)
+                by_kind[kind] = by_kind.get(kind, 0.0) + rss
+            for kind, rss in by_kind.items():
+                peaks[kind] = max(peaks.get(kind, 0.0), rss)
+            peaks["tree"] = max(peaks.get("tree", 0.0), total)
+            done.wait(interval)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    finally:
+        done.set()
+        sampler.join()
+    return Sampled(proc.returncode, time.monotonic() - started, stdout, stderr,
+                   {k: round(v, 1) for k, v in peaks.items() if k != "gone"})
+
+
+def spark_env(ledger_url: str = "", bootstrap: str = "", pipelines_dir: Path | None = None) -> dict[str, str]:
+    env = {
+        "PYSPARK_PYTHON": PYTHON,
+        "PYSPARK_DRIVER_PYTHON": PYTHON,
+        "PYTHONPATH": os.pathsep.join([str(ROOT / "include"), str(ROOT)]),
+        "SPARK_LOCAL_IP": "127.0.0.1",
+    }
+    if ledger_url:
+        env["MICROBATCH_LEDGER_URL"] = ledger_url
+    if bootstrap:
+        env["MICROBATCH_KAFKA_BOOTSTRAP"] = bootstrap
+    if pipelines_dir:
+        env["MICROBATCH_PIPELINES_DIR"] = str(pipelines_dir)
+    return env
+
+
+def spark_submit(app: Path, args: list[str], env: dict[str, str], conf: dict[str, str] | None = None,
+                 master: str = "local[2]", driver_memory: str = "2g") -> Sampled:
+    """spark-submit like the stage task does (same jars, UTC session, no console progress)."""
+    import pyspark
+
+    from microbatch.devstack import spark_jars
+
+    spark_home = Path(pyspark.__file__).parent
+    settings = {
+        "spark.sql.session.timeZone": "UTC",
+        "spark.driver.extraJavaOptions": "-Duser.timezone=UTC",
+        "spark.ui.showConsoleProgress": "false",
+        "spark.ui.enabled": "false",
+        "spark.pyspark.python": PYTHON,
+        **(conf or {}),
+    }
+    command = [str(spark_home / "bin" / "spark-submit"), "--master", master, "--driver-memory", driver_memory,
+               "--jars", ",".join(str(p) for p in spark_jars())]
+    for key, value in settings.items():
+        command += ["--conf", f"{key}={value}"]
+    command += [str(app), *args]
+    result = run_sampled(command, env={**spark_env(), **env, "SPARK_HOME": str(spark_home)})
+    if result.returncode != 0:
+        tail = "\n".join((result.stdout + result.stderr).splitlines()[-40:])
+        raise RuntimeError(f"spark-submit {app.name} failed ({result.returncode}):\n{tail}")
+    return result
+
+
+def phase(name: str, env: dict[str, str], *args: str) -> tuple[dict, Sampled]:
+    """plan or commit in its own Python process (as an Airflow task would run it), RSS sampled."""
+    result = run_sampled([PYTHON, str(ROOT / "bench" / "phase.py"), name, *args], env={**spark_env(), **env})
+    if result.returncode != 0:
+        raise RuntimeError(f"phase {name} failed:\n{result.stderr[-3000:]}")
+    return result.json_lines()[-1], result
+
+
+# ---------------------------------------------------------------- reporting
+
+
+def median(values: list[float]) -> float:
+    return round(statistics.median(values), 3) if values else float("nan")
+
+
+def print_table(title: str, columns: list[str], rows: list[list[object]]) -> None:
+    try:
+        from rich.console import Console
+        from rich.table import Table
+
+        table = Table(title=title)
+        for column in columns:
+            table.add_column(column, justify="right" if column != columns[0] else "left")
+        for row in rows:
+            table.add_row(*[_fmt(v) for v in row])
+        Console(width=160).print(table)
+    except ImportError:
+        print(title)
+        for row in [columns, *rows]:
+            print(" | ".join(_fmt(v) for v in row))
+
+
+def _fmt(value: object) -> str:
+    if isinstance(value, float):
+        return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.3g}"
+    if isinstance(value, int):
+        return f"{value:,}"
+    return str(value)
+
+
+def write_results(name: str, payload: dict) -> Path:
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    path = RESULTS / f"{name}.json"
+    path.write_text(json.dumps(payload, indent=2, default=str))
+    return path
+
+
+def machine() -> dict:
+    return {"cpus": os.cpu_count(), "load_avg_at_start": os.getloadavg(),
+            "memory_gb": round(psutil.virtual_memory().total / 2**30, 1), "time": datetime.now(UTC).isoformat()}

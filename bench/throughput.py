@@ -1,0 +1,234 @@
+"""Throughput of microbatch against Kafka's own consumer, a raw Spark read and the Structured Streaming peer.
+
+One run, one topic of N access-log records (~105 bytes) over 8 partitions, medians of --reps runs of:
+  a. Kafka ConsumerPerformance reading the topic (the physical limit);
+  b. spark-submit of a raw Spark read of the same ranges with count() (the Spark limit);
+  c. microbatch plan + stage (spark-submit spark_jobs/run_batch.py) + commit of ip_count, one batch over
+     the whole range, and batches of N/--split;
+  d. the peer: Structured Streaming, Trigger.AvailableNow, same parse + window aggregation, foreachBatch
+     JDBC into staging + merge transaction, own checkpoint; one micro-batch, and maxOffsetsPerTrigger=N/--split.
+"wall" rates include each process launch (JVM + Spark start); "engine" rates count only the time inside
+the already-started application (tool fetch rate, count(), stage + commit, query run).
+Peak RSS (psutil sampling of the process tree) of the stage spark-submit and of plan / commit is recorded.
+
+    PYTHONPATH=include:. .venv/bin/python bench/throughput.py --records 10000000 --reps 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from sqlalchemy import text
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import (
+    APPS,
+    Stack,
+    end_offsets,
+    kafka_tool,
+    local_stack,
+    machine,
+    median,
+    payload_file,
+    phase,
+    print_table,
+    produce,
+    reproduce_command,
+    spark_submit,
+    write_results,
+    write_spec,
+)
+
+TOPIC = "bench_src"
+
+
+def consumer_perf(stack: Stack, records: int) -> dict:
+    t0 = time.monotonic()
+    out = kafka_tool("org.apache.kafka.tools.ConsumerPerformance", "--bootstrap-server", stack.bootstrap,
+                     "--topic", TOPIC, "--messages", str(records), "--timeout", "120000",
+                     "--fetch-size", str(4 * 2**20)).stdout
+    wall = time.monotonic() - t0
+    lines = [line for line in out.splitlines() if line.strip()]
+    header = [h.strip() for h in lines[0].split(",")]
+    values = dict(zip(header, [v.strip() for v in lines[-1].split(",")], strict=False))
+    consumed = int(values["data.consumed.in.nMsg"])
+    if consumed < records:
+        raise RuntimeError(f"ConsumerPerformance read {consumed} of {records} records")
+    return {"wall_s": round(wall, 3), "engine_rate": float(values["nMsg.sec"]),
+            "fetch_rate": float(values["fetch.nMsg.sec"]), "records": consumed}
+
+
+def raw_spark(stack: Stack, ranges_file: Path, records: int, driver_memory: str) -> dict:
+    result = spark_submit(APPS / "raw_count.py", [str(ranges_file)], {"MICROBATCH_KAFKA_BOOTSTRAP": stack.bootstrap},
+                          driver_memory=driver_memory)
+    info = result.json_lines()[-1]
+    if info["count"] != records:
+        raise RuntimeError(f"raw count {info['count']} != {records}")
+    return {"wall_s": round(result.seconds, 3), "engine_s": info["count_s"], "peak_rss_mb": result.peak_rss_mb}
+
+
+def microbatch_run(stack: Stack, name: str, records: int, per_batch: int, driver_memory: str) -> dict:
+    """plan -> stage -> commit until caught up, on a fresh ledger; every phase timed and RSS-sampled."""
+    url = stack.fresh_ledger(name)
+    spec_dir = write_spec(stack.work_dir / "specs" / name, [TOPIC], per_batch)
+    env = {"MICROBATCH_LEDGER_URL": url, "MICROBATCH_KAFKA_BOOTSTRAP": stack.bootstrap,
+           "MICROBATCH_PIPELINES_DIR": str(spec_dir)}
+    from microbatch.config import find_spec
+
+    spec = find_spec("ip_count", spec_dir)
+    totals = {"plan_s": 0.0, "stage_wall_s": 0.0, "stage_engine_s": 0.0, "commit_s": 0.0, "batches": 0}
+    peaks: dict[str, float] = {}
+    while True:
+        plan, plan_proc = phase("plan", env, "ip_count")
+        peaks["plan_tree"] = max(peaks.get("plan_tree", 0), plan_proc.peak_rss_mb.get("tree", 0))
+        if plan["batch_id"] is None:
+            break
+        stage = spark_submit(APPS / "stage_entry.py",
+                             ["--pipeline", "ip_count", "--batch-id", str(plan["batch_id"])], env,
+                             conf=dict(spec.spark.conf), driver_memory=driver_memory)
+        for kind, rss in stage.peak_rss_mb.items():
+            peaks[f"stage_{kind}"] = max(peaks.get(f"stage_{kind}", 0), rss)
+        commit, commit_proc = phase("commit", env, "ip_count", str(plan["batch_id"]))
+        peaks["commit_tree"] = max(peaks.get("commit_tree", 0), commit_proc.peak_rss_mb.get("tree", 0))
+        totals["plan_s"] += plan["seconds"]
+        totals["stage_wall_s"] += stage.seconds
+        totals["commit_s"] += commit["transaction_s"]
+        totals["batches"] += 1
+    from microbatch.ledger.database import transaction
+
+    with transaction(url) as session:
+        timings = session.execute(text("SELECT timings FROM batches ORDER BY id")).scalars().all()
+        counted = session.execute(text("SELECT coalesce(sum(count), 0) FROM ip_counts")).scalar_one()
+        rows = session.execute(text("SELECT count(*) FROM ip_counts")).scalar_one()
+    if counted != records:
+        raise RuntimeError(f"{name}: the sink counts {counted} records, expected {records}")
+    totals["stage_engine_s"] = sum(t.get("stage_total_s", 0) for t in timings)
+    totals["read_s"] = sum(t.get("read_s", 0) for t in timings)
+    totals["stage_write_s"] = sum(t.get("stage_write_s", 0) for t in timings)
+    wall = totals["plan_s"] + totals["stage_wall_s"] + totals["commit_s"]
+    engine = totals["stage_engine_s"] + totals["commit_s"]
+    return {**{k: round(v, 3) for k, v in totals.items()}, "wall_s": round(wall, 3), "engine_s": round(engine, 3),
+            "sink_rows": rows, "peak_rss_mb": peaks}
+
+
+PEER_DDL = [
+    "CREATE TABLE IF NOT EXISTS peer_stage_ip_counts (batch_id bigint NOT NULL, window_start timestamptz NOT NULL, "
+    "window_end timestamptz NOT NULL, ip text NOT NULL, count bigint NOT NULL)",
+    "CREATE INDEX IF NOT EXISTS ix_peer_stage ON peer_stage_ip_counts (batch_id)",
+    "CREATE TABLE IF NOT EXISTS peer_ip_counts (window_start timestamptz NOT NULL, window_end timestamptz NOT NULL, "
+    "ip text NOT NULL, count bigint NOT NULL, PRIMARY KEY (window_start, window_end, ip))",
+    "CREATE TABLE IF NOT EXISTS peer_progress (batch_id bigint PRIMARY KEY, at timestamptz NOT NULL DEFAULT now())",
+]
+
+
+def peer_run(stack: Stack, name: str, records: int, max_offsets: int, driver_memory: str) -> dict:
+    from microbatch.ledger.database import transaction
+
+    stack.postgres.create_database(name)
+    url = stack.postgres.url(name)
+    with transaction(url) as session:
+        for ddl in PEER_DDL:
+            session.execute(text(ddl))
+    checkpoint = stack.work_dir / "checkpoints" / name
+    result = spark_submit(APPS / "peer_stream.py", [TOPIC, str(checkpoint), str(max_offsets)],
+                          {"MICROBATCH_KAFKA_BOOTSTRAP": stack.bootstrap, "MICROBATCH_LEDGER_URL": url},
+                          conf={"spark.sql.shuffle.partitions": "4"}, driver_memory=driver_memory)
+    info = result.json_lines()[-1]
+    with transaction(url) as session:
+        counted = session.execute(text("SELECT coalesce(sum(count), 0) FROM peer_ip_counts")).scalar_one()
+    if counted != records or info["records"] != records:
+        raise RuntimeError(f"{name}: the peer counted {counted} of {info['records']} records, expected {records}")
+    return {"wall_s": round(result.seconds, 3), "engine_s": info["query_s"], "batches": len(info["batches"]),
+            "peak_rss_mb": result.peak_rss_mb}
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--records", type=int, default=200_000)
+    parser.add_argument("--partitions", type=int, default=8)
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--split", type=int, default=10, help="also run batches of records/split")
+    parser.add_argument("--split-reps", type=int, default=None, help="reps of the split runs (default --reps)")
+    parser.add_argument("--driver-memory", default="1g", help="spark-submit --driver-memory (Spark's default: 1g)")
+    args = parser.parse_args(argv)
+    split_reps = args.split_reps or args.reps
+    n = args.records
+    results: dict = {"machine": machine(), "args": vars(args), "runs": {}}
+    runs = results["runs"]
+    with local_stack() as stack:
+        from microbatch.devstack import create_topic
+
+        create_topic(stack.bootstrap, TOPIC, args.partitions)
+        payload = payload_file(stack.work_dir / "payload.txt")
+        results["produce"] = produce(stack.bootstrap, TOPIC, n, payload)
+        ends = end_offsets(stack.bootstrap, TOPIC)
+        if sum(ends.values()) != n:
+            raise RuntimeError(f"the topic holds {sum(ends.values())} records, expected {n}")
+        results["partition_sizes"] = ends
+        ranges_file = stack.work_dir / "ranges.json"
+        ranges_file.write_text(json.dumps([{"topic": TOPIC, "partition": p, "start": 0, "end": e}
+                                           for p, e in sorted(ends.items())]))
+        print(f"produced {n:,} records in {results['produce']['seconds']}s; measuring...", flush=True)
+        for rep in range(args.reps):
+            runs.setdefault("a_kafka_consumer", []).append(consumer_perf(stack, n))
+            runs.setdefault("b_spark_raw_count", []).append(raw_spark(stack, ranges_file, n, args.driver_memory))
+            runs.setdefault("c_microbatch_1_batch", []).append(
+                microbatch_run(stack, f"c1_{rep}", n, n, args.driver_memory))
+            runs.setdefault("d_peer_1_batch", []).append(peer_run(stack, f"d1_{rep}", n, 0, args.driver_memory))
+            if args.split > 1 and rep < split_reps:
+                per = -(-n // args.split)
+                runs.setdefault("c_microbatch_split", []).append(
+                    microbatch_run(stack, f"c10_{rep}", n, per, args.driver_memory))
+                runs.setdefault("d_peer_split", []).append(
+                    peer_run(stack, f"d10_{rep}", n, per, args.driver_memory))
+            print(f"rep {rep + 1}/{args.reps} done", flush=True)
+
+    summary: dict[str, dict] = {}
+    for key, values in runs.items():
+        wall = median([v["wall_s"] for v in values])
+        if key == "a_kafka_consumer":
+            engine_rate = median([v["engine_rate"] for v in values])
+        else:
+            engine_rate = n / median([v["engine_s"] for v in values])
+        summary[key] = {"wall_s": wall, "wall_rate": n / wall, "engine_rate": engine_rate, "reps": len(values)}
+    results["summary"] = summary
+    c = summary["c_microbatch_1_batch"]
+    ratios = {}
+    for label, other in (("c/b", "b_spark_raw_count"), ("c/d", "d_peer_1_batch"), ("c/a", "a_kafka_consumer")):
+        ratios[label] = {"wall": round(c["wall_rate"] / summary[other]["wall_rate"], 3),
+                         "engine": round(c["engine_rate"] / summary[other]["engine_rate"], 3)}
+    if "c_microbatch_split" in summary:
+        cs, ds = summary["c_microbatch_split"], summary["d_peer_split"]
+        ratios["c_split/d_split"] = {"wall": round(cs["wall_rate"] / ds["wall_rate"], 3),
+                                     "engine": round(cs["engine_rate"] / ds["engine_rate"], 3)}
+    results["ratios"] = ratios
+    c_runs = runs["c_microbatch_1_batch"]
+    results["phases_c_1_batch_median"] = {
+        k: median([r[k] for r in c_runs]) for k in ("plan_s", "stage_wall_s", "stage_engine_s", "read_s",
+                                                    "stage_write_s", "commit_s")}
+    peak: dict[str, float] = {}
+    for r in c_runs + runs.get("c_microbatch_split", []):
+        for k, v in r["peak_rss_mb"].items():
+            peak[k] = max(peak.get(k, 0), v)
+    results["peak_rss_mb_microbatch"] = peak
+    results["command"] = reproduce_command("throughput.py", argv)
+    path = write_results("throughput", results)
+
+    rows = [[key, s["reps"], s["wall_s"], s["wall_rate"], s["engine_rate"]] for key, s in summary.items()]
+    print_table(f"Throughput, {n:,} records over {args.partitions} partitions (medians)",
+                ["run", "reps", "wall s", "wall rec/s", "engine rec/s"], rows)
+    print_table("Ratios (records/s of c over the other)", ["ratio", "wall", "engine"],
+                [[k, v["wall"], v["engine"]] for k, v in ratios.items()])
+    print_table("microbatch, one batch: phases (medians, s)", ["phase", "seconds"],
+                [[k, v] for k, v in results["phases_c_1_batch_median"].items()])
+    print_table("Peak RSS, MB (max over runs)", ["process", "MB"], [[k, v] for k, v in sorted(peak.items())])
+    print(f"results: {path}\nreproduce: {results['command']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
