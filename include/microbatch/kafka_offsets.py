@@ -8,15 +8,16 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 
-from kafka import KafkaConsumer, OffsetAndMetadata
+from kafka import KafkaAdminClient, KafkaConsumer, OffsetAndMetadata
 from kafka import TopicPartition as KafkaTopicPartition
 from kafka.errors import KafkaConfigurationError, KafkaError
 
 from microbatch.errors import ConnectionSettingsError, SpecError, TransientServiceError
-from microbatch.planning import TopicPartition
+from microbatch.planning import StartupOffsets, TopicPartition
 
 log = logging.getLogger(__name__)
 BOOTSTRAP_ENV = "MICROBATCH_KAFKA_BOOTSTRAP"
@@ -62,16 +63,87 @@ def offsets_client(
 
 def discover_partitions(consumer: KafkaConsumer, topics: Iterable[str]) -> list[TopicPartition]:
     """Every partition of the given topics; an unknown topic is a spec error."""
+    found, missing = discover_source(consumer, topics)
+    if missing:
+        raise SpecError(
+            f"Topic '{missing[0]}' does not exist on the Kafka cluster.",
+            fix="Create it, or fix source.topics in the pipeline spec.",
+        )
+    return found
+
+
+def discover_source(
+    consumer: KafkaConsumer, topics: Iterable[str] = (), pattern: str | None = None
+) -> tuple[list[TopicPartition], list[str]]:
+    """Partition discovery, run on every plan: the partitions of the listed topics, or of every topic whose
+    name fully matches `pattern` (as Flink and Spark match a topic regex), and the listed topics that are missing.
+    """
+    if pattern is not None:
+        try:
+            names = consumer.topics()
+        except KafkaError as exc:
+            raise TransientServiceError(f"Kafka did not list its topics ({type(exc).__name__}).") from None
+        regex = re.compile(pattern)
+        topics = sorted(name for name in names if regex.fullmatch(name) and not name.startswith("__"))
     found: list[TopicPartition] = []
+    missing: list[str] = []
     for topic in topics:
         partitions = consumer.partitions_for_topic(topic)
         if not partitions:
-            raise SpecError(
-                f"Topic '{topic}' does not exist on the Kafka cluster.",
-                fix="Create it, or fix source.topics in the pipeline spec.",
-            )
+            missing.append(topic)
+            continue
         found.extend(TopicPartition(topic, p) for p in sorted(partitions))
-    return found
+    return found, missing
+
+
+def startup_lookups(
+    bootstrap_servers: str,
+    consumer: KafkaConsumer,
+    partitions: list[TopicPartition],
+    *,
+    group_id: str | None,
+    timestamp_ms: int | None,
+) -> StartupOffsets:
+    """The broker's answers the startup modes need, for new partitions only: the committed offsets of
+    `group_id` (read, never trusted for recovery of known partitions) and the offsets for `timestamp_ms`."""
+    committed: dict[TopicPartition, int | None] = {}
+    for_time: dict[TopicPartition, int | None] = {}
+    if group_id is not None and partitions:
+        offsets = read_group_offsets(bootstrap_servers, group_id)
+        committed = {tp: offsets.get(tp) for tp in partitions}
+    if timestamp_ms is not None and partitions:
+        try:
+            found = consumer.offsets_for_times(
+                {KafkaTopicPartition(tp.topic, tp.partition): timestamp_ms for tp in partitions}, timeout_ms=_TIMEOUT_MS
+            )
+        except KafkaError as exc:
+            raise TransientServiceError(f"Kafka did not return offsets for times ({type(exc).__name__}).") from None
+        for_time = {
+            TopicPartition(ktp.topic, ktp.partition): (None if hit is None else hit.offset)
+            for ktp, hit in found.items()
+        }
+    return StartupOffsets(committed=committed, for_time=for_time)
+
+
+def read_group_offsets(bootstrap_servers: str, group_id: str) -> dict[TopicPartition, int]:
+    """The committed offsets of a consumer group, through the admin client (partitions without one are absent)."""
+    try:
+        admin = KafkaAdminClient(bootstrap_servers=bootstrap_servers.split(","), client_id="microbatch-planner")
+    except KafkaError:
+        raise TransientServiceError(f"No Kafka broker answered at {bootstrap_servers}.") from None
+    try:
+        answer = admin.list_group_offsets({group_id: None})
+    except KafkaError as exc:
+        raise TransientServiceError(
+            f"Kafka did not return the offsets of group {group_id} ({type(exc).__name__})."
+        ) from None
+    finally:
+        admin.close()
+    return {
+        TopicPartition(ktp.topic, ktp.partition): meta.offset
+        for ktp, meta in answer.get(group_id, {}).items()
+        if meta is not None and meta.offset is not None and meta.offset >= 0
+    }
 
 
 def offset_bounds(
@@ -93,16 +165,30 @@ def offset_bounds(
 def mirror_group_offsets(
     bootstrap_servers: str, group_id: str, positions: Mapping[TopicPartition, int]
 ) -> bool:
-    """Best effort: write the ledger positions as the group's committed offsets, for lag tools."""
+    """Best effort: write the ledger positions as the group's committed offsets, for lag tools.
+
+    Flink's ON_CHECKPOINTS commit mode: it runs only after the ledger commit, a failure is a
+    warning and never fails the batch, and these offsets are never read back for recovery.
+    """
+    offsets = {
+        KafkaTopicPartition(tp.topic, tp.partition): OffsetAndMetadata(offset, "microbatch", -1)
+        for tp, offset in positions.items()
+    }
     try:
-        with offsets_client(bootstrap_servers, group_id=group_id) as consumer:
-            consumer.commit(
-                {
-                    KafkaTopicPartition(tp.topic, tp.partition): OffsetAndMetadata(offset, "microbatch", -1)
-                    for tp, offset in positions.items()
-                }
-            )
-    except (KafkaError, TransientServiceError) as exc:
-        log.warning("could not mirror offsets to group %s (%s); the ledger is unaffected", group_id, exc)
+        admin = KafkaAdminClient(bootstrap_servers=bootstrap_servers.split(","), client_id="microbatch-mirror",
+                                 request_timeout_ms=_TIMEOUT_MS)
+        try:
+            errors = admin.alter_group_offsets(group_id, offsets)
+        finally:
+            admin.close()
+    except KafkaError as exc:
+        log.warning("could not mirror offsets to group %s (%s); the ledger is unaffected", group_id,
+                    type(exc).__name__)
         return False
+    failed = {f"{ktp.topic}[{ktp.partition}]": error.__name__ for ktp, error in errors.items()
+              if error is not None and error.__name__ != "NoError"}
+    if failed:
+        log.warning("could not mirror offsets to group %s for %s; the ledger is unaffected", group_id, failed)
+        return False
+    log.info("mirrored %s position(s) to consumer group %s", len(offsets), group_id)
     return True

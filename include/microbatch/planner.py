@@ -11,11 +11,22 @@ import logging
 import time
 from dataclasses import dataclass
 
-from microbatch.config import PipelineSpec
-from microbatch.kafka_offsets import discover_partitions, offset_bounds, offsets_client
+from microbatch.config import OnDataLoss, PipelineSpec
+from microbatch.errors import SpecError
+from microbatch.kafka_offsets import discover_source, offset_bounds, offsets_client, startup_lookups
 from microbatch.ledger import repository as repo
 from microbatch.ledger.database import transaction
-from microbatch.planning import OffsetRange, Plan, TopicPartition, plan_batch
+from microbatch.ledger.models import BatchState
+from microbatch.planning import (
+    OffsetRange,
+    Plan,
+    TopicPartition,
+    data_loss_at_read,
+    lost_ranges,
+    needs_group_offsets,
+    needs_offsets_for_time,
+    plan_batch,
+)
 
 log = logging.getLogger(__name__)
 
@@ -37,21 +48,58 @@ class PlanOutcome:
 def plan_next_batch(
     spec: PipelineSpec, ledger_url: str, bootstrap_servers: str, airflow_run_id: str | None = None
 ) -> PlanOutcome:
-    """Reuse the open batch, or plan and insert a new one; batch_id is None when there is nothing to read."""
+    """Reuse the open batch, or plan and insert a new one; batch_id is None when there is nothing to read.
+
+    Discovery runs on every plan (listed topics, or the topic pattern). Partitions the ledger has never
+    seen start by `source.startup`, and their start is pinned in the ledger in the same transaction, so
+    the mode applies once. Every fresh plan records the lag of each partition.
+    """
     started = time.monotonic()
-    with offsets_client(bootstrap_servers, spec.source.isolation_level) as consumer:
-        partitions = discover_partitions(consumer, spec.source.topics)
-        earliest, latest = offset_bounds(consumer, partitions)
+    source = spec.source
+    with offsets_client(bootstrap_servers, source.isolation_level) as consumer:
+        partitions, missing = discover_source(consumer, source.topics or (), source.topic_pattern)
+        earliest, latest = offset_bounds(consumer, partitions) if partitions else ({}, {})
+        with transaction(ledger_url) as session:
+            pipeline = repo.ensure_pipeline(session, spec)
+            known = repo.read_positions(session, pipeline.id)
+        unknown = [topic for topic in missing if topic not in {tp.topic for tp in known}]
+        if unknown:
+            raise SpecError(
+                f"Topic '{unknown[0]}' does not exist on the Kafka cluster.",
+                fix="Create it, or fix source.topics in the pipeline spec.",
+            )
+        new = [tp for tp in partitions if tp not in known] if not known else []  # startup modes: first plan only
+        group_id = source.startup.group_id or spec.group_id
+        looked_up = startup_lookups(
+            bootstrap_servers, consumer, new,
+            group_id=group_id if needs_group_offsets(source, new) else None,
+            timestamp_ms=source.startup.timestamp if needs_offsets_for_time(source, new) else None,
+        )
     with transaction(ledger_url) as session:
         pipeline = repo.ensure_pipeline(session, spec, lock=True)
         open_batch = repo.find_open_batch(session, pipeline.id)
         if open_batch is not None:
             ranges = repo.batch_ranges(session, open_batch.id)
-            return PlanOutcome(open_batch.id, True, ranges, None, latest, time.monotonic() - started)
+            lost = lost_ranges(ranges, earliest) if open_batch.state == BatchState.PLANNED.value else []
+            if not lost:
+                return PlanOutcome(open_batch.id, True, ranges, None, latest, time.monotonic() - started)
+            error = data_loss_at_read(open_batch.id, lost, source.on_data_loss)
+            if source.on_data_loss is OnDataLoss.FAIL:
+                raise error
+            # Retention ran between plan and stage: close the batch; the fresh plan below records the gap.
+            repo.abandon_batch(session, open_batch.id, error.message)
+            log.warning("abandoned batch %s: %s", open_batch.id, error.message)
         positions = repo.read_positions(session, pipeline.id)
-        plan = plan_batch(positions, earliest, latest, spec.source)
-        if not plan.ranges and not plan.gaps:
-            return PlanOutcome(None, False, [], plan, latest, time.monotonic() - started)
-        batch = repo.insert_batch(session, pipeline, plan, airflow_run_id=airflow_run_id)
-        batch.timings = {"plan_s": round(time.monotonic() - started, 3)}
-        return PlanOutcome(batch.id, False, list(plan.ranges), plan, latest, time.monotonic() - started)
+        waited = repo.seconds_since_last_batch(session, pipeline.id)
+        plan = plan_batch(positions, earliest, latest, source, looked_up, waited)
+        repo.pin_new_positions(session, pipeline.id, {tp: plan.starts[tp] for tp in plan.new_partitions})
+        batch_id = None
+        if plan.ranges or plan.gaps:
+            batch = repo.insert_batch(session, pipeline, plan, airflow_run_id=airflow_run_id)
+            batch.timings = {"plan_s": round(time.monotonic() - started, 3)}
+            batch_id = batch.id
+        repo.record_lag(session, pipeline.id, batch_id, plan, latest)
+        if plan.disappeared_topics:
+            log.warning("topic(s) %s no longer exist or match; their ledger positions are kept",
+                        ", ".join(plan.disappeared_topics))
+        return PlanOutcome(batch_id, False, list(plan.ranges), plan, latest, time.monotonic() - started)

@@ -102,7 +102,7 @@ class Plan:
 
 
 def needs_group_offsets(source: SourceSpec, new_partitions: Iterable[TopicPartition]) -> bool:
-    """Whether resolving the new partitions needs the takeover group's committed offsets."""
+    """Whether resolving the new partitions of a first plan needs the takeover group's committed offsets."""
     mode = source.startup.mode
     if mode is Startup.GROUP_OFFSETS:
         return any(True for _ in new_partitions)
@@ -178,11 +178,15 @@ def resolve_starts(
 ) -> tuple[dict[TopicPartition, int], list[TopicPartition], list[Gap], dict[TopicPartition, str]]:
     """Decide where each discovered partition starts.
 
-    A partition the ledger knows starts at its position. A new one starts by the startup
-    mode. A position below the earliest offset is data loss: it fails the plan under
-    `on_data_loss: fail`, and becomes a recorded gap under `skip`. Never a silent reset.
+    A partition the ledger knows starts at its position. On the pipeline's first plan, the
+    partitions start by the startup mode; a partition found later starts at earliest. A position
+    below the earliest offset is data loss: it fails the plan under `on_data_loss: fail`, and
+    becomes a recorded gap under `skip`. Never a silent reset.
     """
     looked_up = looked_up or StartupOffsets()
+    # As in Flink, the startup mode applies to the partitions of the first plan; any partition or
+    # topic found after that was created after the pipeline started, so it is read from its first record.
+    first_plan = not positions
     starts: dict[TopicPartition, int] = {}
     new: list[TopicPartition] = []
     gaps: list[Gap] = []
@@ -191,7 +195,10 @@ def resolve_starts(
         low, high = earliest[tp], latest[tp]
         if tp not in positions:
             new.append(tp)
-            starts[tp], how[tp] = startup_offset(tp, low, high, source, looked_up)
+            if first_plan:
+                starts[tp], how[tp] = startup_offset(tp, low, high, source, looked_up)
+            else:
+                starts[tp], how[tp] = low, "earliest: found after the pipeline started"
             continue
         position = positions[tp]
         if position > high:

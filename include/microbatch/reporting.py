@@ -7,27 +7,51 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from microbatch.backfill import BackfillOutcome
     from microbatch.commit import CommitResult
     from microbatch.planner import PlanOutcome
     from microbatch.publisher import PublishResult
     from microbatch.staging import StageResult
 
 
+_LAG_LINES = 64
+
+
 def log_plan_summary(log: logging.Logger, pipeline: str, outcome: PlanOutcome) -> None:
-    if outcome.batch_id is None:
-        log.info("plan %s: nothing new to read (%.2fs); the rest of this run is skipped", pipeline, outcome.seconds)
-        return
-    verb = "reusing open batch" if outcome.reused else "planned batch"
-    log.info("plan %s: %s %s, %s records in %s range(s) (%.2fs)", pipeline, verb, outcome.batch_id,
-             outcome.records, len(outcome.ranges), outcome.seconds)
-    for r in outcome.ranges:
-        lag = outcome.latest.get(r.tp, r.end) - r.end
-        log.info("  %s: %s records, lag after this batch %s", r, r.size, lag)
-    if outcome.plan is not None:
-        for tp in outcome.plan.new_partitions:
-            log.info("  new partition %s: started by source.startup", tp)
-        for gap in outcome.plan.gaps:
+    """What plan decided: the batch and its ranges, new partitions and how they start, gaps, disappeared
+    topics, and the lag per partition and in total."""
+    plan = outcome.plan
+    if plan is not None:
+        for tp in plan.new_partitions:
+            log.info("  new partition %s: starts at %s (%s)", tp, plan.starts.get(tp), plan.startup.get(tp, "startup"))
+        for gap in plan.gaps:
             log.warning("  gap recorded %s[%s] [%s, %s): %s", gap.topic, gap.partition, gap.start, gap.end, gap.reason)
+        for topic in plan.disappeared_topics:
+            log.warning("  topic %s has disappeared from the cluster or the pattern; its ledger rows are kept", topic)
+    if outcome.batch_id is None:
+        if plan is not None and plan.deferred:
+            log.info("plan %s: no batch yet: %s (%.2fs); the rest of this run is skipped", pipeline, plan.deferred,
+                     outcome.seconds)
+        else:
+            log.info("plan %s: nothing new to read (%.2fs); the rest of this run is skipped", pipeline,
+                     outcome.seconds)
+    else:
+        verb = "reusing open batch" if outcome.reused else "planned batch"
+        log.info("plan %s: %s %s, %s records in %s range(s) (%.2fs)", pipeline, verb, outcome.batch_id,
+                 outcome.records, len(outcome.ranges), outcome.seconds)
+        for r in outcome.ranges:
+            lag = outcome.latest.get(r.tp, r.end) - r.end
+            log.info("  %s: %s records, lag after this batch %s", r, r.size, lag)
+    if plan is not None and plan.backlog:
+        after = plan.lag_after_by_partition()
+        shown = list(after.items())
+        if len(shown) > _LAG_LINES:  # thousands of partitions: the largest lags, then the total
+            shown = sorted(shown, key=lambda item: (-item[1], item[0]))[:_LAG_LINES]
+            log.info("  lag of the %s partitions furthest behind (of %s):", _LAG_LINES, len(after))
+        for tp, lag in shown:
+            log.info("  lag %s: %s behind latest offset %s (%s before this plan)", tp, lag, outcome.latest.get(tp),
+                     plan.backlog.get(tp, 0))
+        log.info("  lag total: %s offset(s) over %s partition(s) after this plan", sum(after.values()), len(after))
 
 
 def log_stage_summary(log: logging.Logger, result: StageResult) -> None:
@@ -72,3 +96,19 @@ def log_publish_summary(log: logging.Logger, pipeline: str, result: PublishResul
     log.info("publish %s/%s: sequences %s..%s (%s records) to %s in %s transaction(s) (%.2fs)", pipeline,
              result.sink, result.first_seq, result.last_seq, result.records, result.topic, result.transactions,
              result.seconds)
+
+
+def log_backfill_plan(log: logging.Logger, pipeline: str, outcome: BackfillOutcome) -> None:
+    params = outcome.params
+    log.info("backfill %s: mode %s%s, topic %s, requested %s", pipeline, params.mode,
+             " (dry run: nothing is written)" if params.dry_run else "", params.topic,
+             ", ".join(str(r) for r in outcome.requests) or "nothing")
+    for r in outcome.plan.todo:
+        log.info("  to fill %s: %s records", r, r.size)
+    for r in outcome.plan.already_committed:
+        log.info("  already committed, skipped %s", r)
+    for r in outcome.plan.ahead_of_position:
+        log.info("  at or after the scheduled position, left to the scheduled runs %s", r)
+    if outcome.batch_ids:
+        log.info("  %s records in backfill batch(es) %s", outcome.plan.records,
+                 ", ".join(str(b) for b in outcome.batch_ids))

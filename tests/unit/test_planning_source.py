@@ -201,3 +201,10 @@ def test_bad_source_values_name_file_and_field(tmp_path: Path, source_update, me
     assert text.startswith("demo.yaml: field 'source")
     assert message in text
     assert "\n" not in text
+
+
+def test_startup_mode_applies_to_the_first_plan_only():
+    spec = source(startup="latest")
+    assert plan_batch({}, LOW, HIGH, spec).starts == HIGH
+    later = plan_batch({T0: 100}, LOW, HIGH, spec)
+    assert later.starts[T1] == 0 and later.startup[T1] == "earliest: found after the pipeline started"

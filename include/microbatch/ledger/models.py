@@ -147,3 +147,20 @@ class DeadLetter(Base):
     raw: Mapped[bytes | None] = mapped_column(LargeBinary)
     error: Mapped[str] = mapped_column(Text)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+
+
+class LagSnapshot(Base):
+    """What one plan saw of one partition: its start, the latest (stable) offset, and the lag before/after."""
+
+    __tablename__ = "lag_snapshots"
+
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    pipeline_id: Mapped[int] = mapped_column(ForeignKey("pipelines.id"))
+    batch_id: Mapped[int | None] = mapped_column(ForeignKey("batches.id"))
+    topic: Mapped[str] = mapped_column(Text)
+    partition: Mapped[int] = mapped_column(Integer)
+    start_offset: Mapped[int] = mapped_column(BigInteger)
+    latest_offset: Mapped[int] = mapped_column(BigInteger)
+    lag: Mapped[int] = mapped_column(BigInteger)
+    lag_after: Mapped[int] = mapped_column(BigInteger)
+    planned_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())

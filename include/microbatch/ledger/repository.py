@@ -17,6 +17,7 @@ from microbatch.ledger.models import (
     Batch,
     BatchKind,
     BatchState,
+    LagSnapshot,
     LedgerGap,
     Pipeline,
     Position,
@@ -199,3 +200,73 @@ def recent_batches(session: Session, pipeline_id: int, limit: int = 20) -> Itera
     return session.scalars(
         select(Batch).where(Batch.pipeline_id == pipeline_id).order_by(Batch.id.desc()).limit(limit)
     )
+
+
+def pin_new_positions(session: Session, pipeline_id: int, starts: dict[TopicPartition, int]) -> int:
+    """Record the resolved start of partitions the ledger has never seen, so the startup mode is applied once.
+
+    Only inserts (ON CONFLICT DO NOTHING): a known position is never moved here, only by the commit's
+    compare-and-set, which then finds `next_offset = start` as it expects. Returns the rows inserted.
+    """
+    if not starts:
+        return 0
+    return session.execute(
+        insert(Position)
+        .values([
+            {"pipeline_id": pipeline_id, "topic": tp.topic, "partition": tp.partition, "next_offset": offset}
+            for tp, offset in sorted(starts.items())
+        ])
+        .on_conflict_do_nothing()
+    ).rowcount
+
+
+def seconds_since_last_batch(session: Session, pipeline_id: int) -> float:
+    """Seconds since the pipeline's last batch was planned (or since the pipeline row was created)."""
+    return float(session.execute(
+        text(
+            "SELECT extract(epoch FROM now() - coalesce("
+            "(SELECT max(created_at) FROM batches WHERE pipeline_id = :p), "
+            "(SELECT created_at FROM pipelines WHERE id = :p)))"
+        ),
+        {"p": pipeline_id},
+    ).scalar_one() or 0.0)
+
+
+def record_lag(
+    session: Session,
+    pipeline_id: int,
+    batch_id: int | None,
+    plan: Plan,
+    latest: dict[TopicPartition, int],
+) -> None:
+    """One lag snapshot per discovered partition: its start, the latest offset seen, the lag before and after."""
+    after = plan.lag_after_by_partition()
+    rows = [
+        {
+            "pipeline_id": pipeline_id, "batch_id": batch_id, "topic": tp.topic, "partition": tp.partition,
+            "start_offset": start, "latest_offset": latest[tp], "lag": plan.backlog.get(tp, 0),
+            "lag_after": after.get(tp, 0),
+        }
+        for tp, start in sorted(plan.starts.items())
+    ]
+    if rows:
+        session.execute(insert(LagSnapshot).values(rows))
+
+
+def latest_lag(session: Session, pipeline_id: int) -> list[LagSnapshot]:
+    """The most recent lag snapshot of every partition of the pipeline, by topic and partition."""
+    return list(session.scalars(
+        select(LagSnapshot)
+        .where(LagSnapshot.pipeline_id == pipeline_id)
+        .order_by(LagSnapshot.topic, LagSnapshot.partition, LagSnapshot.id.desc())
+        .distinct(LagSnapshot.topic, LagSnapshot.partition)
+    ))
+
+
+def abandon_batch(session: Session, batch_id: int, reason: str) -> bool:
+    """Close a batch that was planned but never staged, so its ranges are never committed; False if it was not."""
+    return session.execute(
+        update(Batch)
+        .where(Batch.id == batch_id, Batch.state == BatchState.PLANNED.value)
+        .values(state=BatchState.ABANDONED.value, error=reason[:2000])
+    ).rowcount == 1
