@@ -48,7 +48,7 @@ def _data_loss_error(spec: PipelineSpec, batch_id: int, ledger_url: str, bootstr
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--pipeline", required=True)
-    parser.add_argument("--batch-id", type=int, required=True)
+    parser.add_argument("--batch-id", required=True, help="A batch id, or several separated by commas.")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stdout)
     logging.getLogger("py4j").setLevel(logging.WARNING)
@@ -57,17 +57,19 @@ def main(argv: list[str] | None = None) -> int:
         spec = find_spec(args.pipeline)
         ledger_url = ledger_url_from_env()
         bootstrap = bootstrap_from_env()
+        batch_ids = [int(part) for part in str(args.batch_id).split(",") if part.strip()]
         spark = SparkSession.builder.appName(f"microbatch-{spec.name}-batch-{args.batch_id}").getOrCreate()
         spark.sparkContext.setLogLevel("WARN")
         log.info("Spark application id %s (master %s)", spark.sparkContext.applicationId, spark.sparkContext.master)
-        try:
-            result = stage_batch(spark, spec, args.batch_id, ledger_url, bootstrap)
-        except Exception as exc:
-            if not _is_data_loss(exc):
-                raise
-            raise _data_loss_error(spec, args.batch_id, ledger_url, bootstrap) from None
-        if result is not None:
-            log_stage_summary(log, result)
+        for batch_id in batch_ids:
+            try:
+                result = stage_batch(spark, spec, batch_id, ledger_url, bootstrap)
+            except Exception as exc:
+                if not _is_data_loss(exc):
+                    raise
+                raise _data_loss_error(spec, batch_id, ledger_url, bootstrap) from None
+            if result is not None:
+                log_stage_summary(log, result)
         spark.stop()
     except MicrobatchError as exc:
         log.error("stage failed: %s", exc)

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
-from airflow.sdk import DAG, Asset, BaseHook, task
+from airflow.sdk import DAG, Asset, BaseHook, Param, task
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 from sqlalchemy.exc import OperationalError
 
@@ -169,14 +169,95 @@ def library_zip() -> Path:
     return target
 
 
-def build_dag(spec: PipelineSpec) -> DAG:
-    """The scheduled DAG of one pipeline: plan >> stage >> commit."""
-    assets = sink_assets(spec)
-    default_args = {
+def _default_args(spec: PipelineSpec) -> dict[str, Any]:
+    return {
         "retries": spec.retries.count,
         "retry_delay": timedelta(seconds=spec.retries.delay_seconds),
         "owner": "microbatch",
     }
+
+
+def _stage_task(spec: PipelineSpec) -> StageBatchOperator:
+    return StageBatchOperator(
+        task_id="stage",
+        pipeline=spec.name,
+        kafka_conn_id=spec.source.connection,
+        conn_id=spec.spark.connection,
+        spark_conf=spec.spark.conf,
+    )
+
+
+def _commit_task(spec: PipelineSpec) -> Any:
+    """The commit task: one transaction per batch id (a comma-separated list for backfills)."""
+    assets = sink_assets(spec)
+
+    @task(task_id="commit", outlets=assets)
+    def commit(batch_ids: int | str, **context: Any) -> list[dict[str, Any]]:
+        from microbatch.commit import commit_batch
+        from microbatch.failpoints import hit
+        from microbatch.kafka_offsets import mirror_group_offsets
+        from microbatch.ledger.database import transaction
+        from microbatch.reporting import log_commit_summary
+
+        url = ledger_url()
+        summaries = []
+        for batch_id in [int(part) for part in str(batch_ids).split(",")]:
+            try:
+                with transaction(url) as session:
+                    result = commit_batch(session, spec, batch_id)
+            except MicrobatchError as exc:
+                _fail(exc)
+            except OperationalError as exc:
+                _fail(unreachable(url, exc))
+            hit("commit.after_commit")
+            log_commit_summary(log, spec.name, result)
+            if spec.source.commit_group_offsets and result.moves:
+                mirror_group_offsets(
+                    kafka_bootstrap(spec.source.connection), spec.group_id, {m.tp: m.after for m in result.moves}
+                )
+            summaries.append({
+                "batch_id": result.batch_id,
+                "attempt": result.attempt,
+                "already_committed": result.already_committed,
+                "rows_by_sink": result.rows_by_sink,
+                "dead_letters": result.dead_letters,
+                "late_records": result.late_records,
+                "outbox": {name: list(bounds) for name, bounds in result.outbox.items()},
+                "positions": {str(m.tp): m.after for m in result.moves},
+            })
+        for asset in assets:
+            context["outlet_events"][asset].extra = summaries[-1] if len(summaries) == 1 else {"batches": summaries}
+        return summaries
+
+    return commit
+
+
+def _publish_task(spec: PipelineSpec) -> Any:
+    # Runs after a skipped (nothing new) run too, so a failed publish is finished by the next run.
+    @task(task_id="publish", outlets=topic_assets(spec), trigger_rule="none_failed")
+    def publish() -> dict[str, Any]:
+        from microbatch.publisher import publish_sink
+        from microbatch.reporting import log_publish_summary
+
+        url = ledger_url()
+        summary = {}
+        for sink in spec.kafka_sinks:
+            try:
+                result = publish_sink(spec, sink, url, kafka_bootstrap(sink.connection))
+            except MicrobatchError as exc:
+                _fail(exc)
+            except OperationalError as exc:
+                _fail(unreachable(url, exc))
+            log_publish_summary(log, spec.name, result)
+            summary[sink.name] = {"first_seq": result.first_seq, "last_seq": result.last_seq,
+                                  "records": result.records, "transactions": result.transactions}
+        return summary
+
+    return publish
+
+
+def build_dag(spec: PipelineSpec) -> DAG:
+    """The scheduled DAG of one pipeline: plan >> stage >> commit (>> publish with a Kafka sink)."""
     with DAG(
         dag_id=spec.name,
         description=spec.description or f"microbatch pipeline {spec.name}",
@@ -184,7 +265,7 @@ def build_dag(spec: PipelineSpec) -> DAG:
         start_date=datetime(2024, 1, 1),
         catchup=False,
         max_active_runs=1,
-        default_args=default_args,
+        default_args=_default_args(spec),
         tags=["microbatch", *spec.tags],
         doc_md=f"Exactly-once micro-batches of `{', '.join(spec.source.topics)}` into "
         f"`{', '.join(s.name for s in spec.sinks)}`. Spec: `include/pipelines/{spec.name}.yaml`.",
@@ -207,80 +288,73 @@ def build_dag(spec: PipelineSpec) -> DAG:
                 raise AirflowSkipException("nothing new to read")
             return outcome.batch_id
 
-        stage = StageBatchOperator(
-            task_id="stage",
-            pipeline=spec.name,
-            kafka_conn_id=spec.source.connection,
-            conn_id=spec.spark.connection,
-            spark_conf=spec.spark.conf,
-        )
+        batch_id = plan()
+        committed = _commit_task(spec)(batch_id)
+        batch_id >> _stage_task(spec) >> committed
+        if spec.kafka_sinks:
+            committed >> _publish_task(spec)()
+    return dag
 
-        @task(task_id="commit", outlets=assets)
-        def commit(batch_id: int, **context: Any) -> dict[str, Any]:
-            from microbatch.commit import commit_batch
-            from microbatch.failpoints import hit
-            from microbatch.kafka_offsets import mirror_group_offsets
-            from microbatch.ledger.database import transaction
-            from microbatch.reporting import log_commit_summary
 
-            url = ledger_url()
+def build_backfill_dag(spec: PipelineSpec) -> DAG:
+    """`<pipeline>__backfill`: not scheduled; a validated trigger form; fill by offsets or times."""
+    topics = spec.source.topics
+    params = {
+        "topic": Param(topics[0], type="string", enum=topics, description="The topic to backfill."),
+        "partitions": Param("all", type=["string", "array"],
+                            description='"all", or a list of partition numbers such as [0, 2].'),
+        "start": Param(0, type=["integer", "string"],
+                       description="First offset, or an ISO-8601 time (the first offset at or after it)."),
+        "end": Param(0, type=["integer", "string"], description="End offset (exclusive), or an ISO-8601 time."),
+        "mode": Param("fill", type="string", enum=["fill", "replay"],
+                      description="fill: only never-committed offsets. replay: not available yet."),
+        "dry_run": Param(False, type="boolean", description="Print the plan and write nothing."),
+    }
+    with DAG(
+        dag_id=f"{spec.name}__backfill",
+        description=f"Backfill of microbatch pipeline {spec.name} by offset or time range",
+        schedule=None,
+        start_date=datetime(2024, 1, 1),
+        catchup=False,
+        max_active_runs=1,
+        default_args=_default_args(spec),
+        params=params,
+        tags=["microbatch", "backfill", *spec.tags],
+        doc_md=f"Backfill `{spec.name}`: a ledger entry of its own that never moves the scheduled cursor. "
+        "Mode `fill` processes only the sub-ranges never committed and below the scheduled position.",
+    ) as dag:
+
+        @task(task_id="plan")
+        def plan(**context: Any) -> str:
+            from microbatch.backfill import plan_backfill
+            from microbatch.reporting import log_backfill_plan
+
             try:
-                with transaction(url) as session:
-                    result = commit_batch(session, spec, int(batch_id))
+                url = ledger_url()
+                outcome = plan_backfill(spec, dict(context["params"]), url,
+                                        kafka_bootstrap(spec.source.connection), context["run_id"])
             except MicrobatchError as exc:
                 _fail(exc)
             except OperationalError as exc:
                 _fail(unreachable(url, exc))
-            hit("commit.after_commit")
-            log_commit_summary(log, spec.name, result)
-            if spec.source.commit_group_offsets and result.moves:
-                mirror_group_offsets(
-                    kafka_bootstrap(spec.source.connection), spec.group_id, {m.tp: m.after for m in result.moves}
-                )
-            summary = {
-                "batch_id": result.batch_id,
-                "attempt": result.attempt,
-                "already_committed": result.already_committed,
-                "rows_by_sink": result.rows_by_sink,
-                "dead_letters": result.dead_letters,
-                "late_records": result.late_records,
-                "outbox": {name: list(bounds) for name, bounds in result.outbox.items()},
-                "positions": {str(m.tp): m.after for m in result.moves},
-            }
-            for asset in assets:
-                context["outlet_events"][asset].extra = summary
-            return summary
+            log_backfill_plan(log, spec.name, outcome)
+            if not outcome.batch_ids:
+                raise AirflowSkipException("dry run" if outcome.params.dry_run else "nothing to fill")
+            return ",".join(str(b) for b in outcome.batch_ids)
 
-        batch_id = plan()
-        committed = commit(batch_id)
-        batch_id >> stage >> committed
-
+        batch_ids = plan()
+        committed = _commit_task(spec)(batch_ids)
+        batch_ids >> _stage_task(spec) >> committed
         if spec.kafka_sinks:
-
-            # Runs after a skipped (nothing new) run too, so a failed publish is finished by the next run.
-            @task(task_id="publish", outlets=topic_assets(spec), trigger_rule="none_failed")
-            def publish(**context: Any) -> dict[str, Any]:
-                from microbatch.publisher import publish_sink
-                from microbatch.reporting import log_publish_summary
-
-                url = ledger_url()
-                summary = {}
-                for sink in spec.kafka_sinks:
-                    try:
-                        result = publish_sink(spec, sink, url, kafka_bootstrap(sink.connection))
-                    except MicrobatchError as exc:
-                        _fail(exc)
-                    except OperationalError as exc:
-                        _fail(unreachable(url, exc))
-                    log_publish_summary(log, spec.name, result)
-                    summary[sink.name] = {"first_seq": result.first_seq, "last_seq": result.last_seq,
-                                          "records": result.records, "transactions": result.transactions}
-                return summary
-
-            committed >> publish()
+            committed >> _publish_task(spec)()
     return dag
 
 
 def pipeline_dag(name: str) -> DAG:
     """Build the DAG of the pipeline `name`; a bad spec raises here, breaking only this DAG file."""
     return build_dag(find_spec(name))
+
+
+def backfill_dag(name: str) -> DAG:
+    """Build the backfill DAG of the pipeline `name`."""
+    return build_backfill_dag(find_spec(name))

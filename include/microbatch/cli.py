@@ -97,6 +97,33 @@ def run(
 
 
 @app.command()
+def backfill(
+    pipeline: str,
+    topic: Annotated[str, typer.Option(help="The topic to backfill.")],
+    start: Annotated[str, typer.Option(help="First offset, or an ISO-8601 time.")],
+    end: Annotated[str, typer.Option(help="End offset (exclusive), or an ISO-8601 time.")],
+    partitions: Annotated[str, typer.Option(help='"all" or a comma-separated list, e.g. 0,2.')] = "all",
+    mode: Annotated[str, typer.Option(help="fill (only never-committed offsets).")] = "fill",
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the plan; write nothing.")] = False,
+) -> None:
+    """Run the pipeline's backfill DAG (the same as triggering <pipeline>__backfill in the UI)."""
+    from microbatch.backfill import parse_params
+    from microbatch.config import find_spec
+    from microbatch.runner import run_once
+
+    params = {"topic": topic, "start": start, "end": end, "mode": mode, "dry_run": dry_run,
+              "partitions": "all" if partitions == "all" else [int(p) for p in partitions.split(",")]}
+    try:
+        parse_params(find_spec(pipeline), params)  # refuse bad parameters before anything runs
+        outcome = run_once(pipeline, backfill=params)
+    except MicrobatchError as exc:
+        _fail(exc)
+    console.print(f"{outcome.run_id}: {outcome.state} {outcome.task_states}")
+    if outcome.state != "success":
+        raise typer.Exit(1)
+
+
+@app.command()
 def publish(pipeline: str) -> None:
     """Publish the pipeline's pending outbox rows to its Kafka sinks (what the publish task does)."""
     from microbatch.config import find_spec

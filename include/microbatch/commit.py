@@ -23,7 +23,7 @@ from microbatch import failpoints
 from microbatch.config import KafkaSink, PipelineSpec, PostgresAggregateSink
 from microbatch.errors import ConcurrentCommitError, MicrobatchError, ZombieAttemptError
 from microbatch.ledger import repository as repo
-from microbatch.ledger.models import BatchState
+from microbatch.ledger.models import BatchKind, BatchState
 from microbatch.planning import TopicPartition
 
 log = logging.getLogger(__name__)
@@ -90,6 +90,36 @@ def outbox_sql(sink: KafkaSink, source: PostgresAggregateSink) -> str:
     )
 
 
+def corrections_sql(sink: KafkaSink, source: PostgresAggregateSink) -> str:
+    """Outbox rows for the final windows that a backfill batch changed, marked as corrections."""
+    assert source.window is not None
+    keys = ", ".join(_quote(k) for k in source.keys)
+    columns = ", ".join(f"s.{_quote(c)}" for c in source.columns)
+    return (
+        "INSERT INTO outbox (pipeline_id, sink, seq, batch_id, key, value) "
+        f"SELECT :pipeline_id, :sink, base.seq + row_number() OVER (ORDER BY {keys}), :batch_id, "
+        f"final.{_quote(sink.key)}::text, to_jsonb(final) || jsonb_build_object('correction', true) "
+        f"FROM (SELECT {columns} FROM {_quote(source.table)} s "
+        f"WHERE ({', '.join(f's.{_quote(k)}' for k in source.keys)}) IN "
+        f"(SELECT {keys} FROM {_quote(source.staging_table)} WHERE batch_id = :batch_id AND attempt = :attempt) "
+        f"AND s.{_quote(source.window.end)} <= :high) AS final, "
+        "(SELECT coalesce(max(seq), 0) AS seq FROM outbox WHERE pipeline_id = :pipeline_id AND sink = :sink) AS base "
+        "RETURNING seq"
+    )
+
+
+def _check_below_positions(session: Session, pipeline_id: int, batch_id: int, ranges: list) -> None:
+    """A backfill may only commit offsets the scheduled cursor has passed; later ones belong to it."""
+    positions = repo.read_positions(session, pipeline_id)
+    for r in ranges:
+        if r.end > positions.get(r.tp, 0):
+            raise ConcurrentCommitError(
+                f"Backfill batch {batch_id} reaches {r} but the scheduled position of {r.tp} is "
+                f"{positions.get(r.tp, 0)}; those offsets belong to the scheduled runs.",
+                fix="Nothing was written. Re-plan the backfill below the current position.",
+            )
+
+
 def _micros_to_timestamp(value: int | None) -> datetime | None:
     return None if value is None else datetime.fromtimestamp(value / 1_000_000, tz=UTC)
 
@@ -147,9 +177,14 @@ def commit_batch(session: Session, spec: PipelineSpec, batch_id: int) -> CommitR
         raise MicrobatchError(f"Batch {batch_id} does not belong to pipeline {spec.name}.", fix="Check the batch id.")
 
     ranges = repo.batch_ranges(session, batch_id)
+    backfill = batch.kind == BatchKind.BACKFILL.value
+    if backfill:
+        _check_below_positions(session, pipeline.id, batch_id, ranges)
     gaps = {(g.topic, g.partition): g for g in repo.batch_gaps(session, batch_id)}
     ends = {r.tp: r for r in ranges}
     for tp in sorted(set(ends) | {TopicPartition(*key) for key in gaps}):
+        if backfill:
+            break  # a backfill never moves the scheduled cursor
         gap = gaps.get((tp.topic, tp.partition))
         rng = ends.get(tp)
         start = gap.start if gap else rng.start  # type: ignore[union-attr]
@@ -201,10 +236,23 @@ def commit_batch(session: Session, spec: PipelineSpec, batch_id: int) -> CommitR
         {**params, "pipeline_id": pipeline.id,
          "watermark": _micros_to_timestamp((batch.state_before or {}).get("watermark_us"))},
     ).rowcount
-    result.watermark_before = (batch.state_before or {}).get("watermark_us")
-    result.watermark_after = (batch.state_after or {}).get("watermark_us")
     sources = {s.name: s for s in spec.aggregate_sinks}
-    if result.watermark_after is not None and result.watermark_after != result.watermark_before:
+    if backfill:
+        # History changes windows that may already be published: publish them again as corrections.
+        result.watermark_before = result.watermark_after = (pipeline.state or {}).get("watermark_us")
+        if result.watermark_after is not None:
+            for kafka_sink in spec.kafka_sinks:
+                seqs = session.execute(
+                    text(corrections_sql(kafka_sink, sources[kafka_sink.source])),
+                    {"pipeline_id": pipeline.id, "sink": kafka_sink.name, "batch_id": batch_id, "attempt": attempt,
+                     "high": _micros_to_timestamp(result.watermark_after)},
+                ).scalars().all()
+                if seqs:
+                    result.outbox[kafka_sink.name] = (min(seqs), max(seqs))
+    else:
+        result.watermark_before = (batch.state_before or {}).get("watermark_us")
+        result.watermark_after = (batch.state_after or {}).get("watermark_us")
+    if not backfill and result.watermark_after is not None and result.watermark_after != result.watermark_before:
         for kafka_sink in spec.kafka_sinks:
             seqs = session.execute(
                 text(outbox_sql(kafka_sink, sources[kafka_sink.source])),
@@ -215,7 +263,8 @@ def commit_batch(session: Session, spec: PipelineSpec, batch_id: int) -> CommitR
             if seqs:
                 result.outbox[kafka_sink.name] = (min(seqs), max(seqs))
 
-    pipeline.state = dict(batch.state_after or {})
+    if not backfill:
+        pipeline.state = dict(batch.state_after or {})
     batch.state = BatchState.COMMITTED.value
     batch.committed_at = session.execute(text("SELECT now()")).scalar_one()
     for table in [sink.staging_table for sink in spec.aggregate_sinks] + ["stage_dead_letters", "stage_late_records"]:

@@ -33,6 +33,7 @@ from microbatch.ledger.database import transaction
 
 log = logging.getLogger(__name__)
 SEQ_HEADER = "microbatch.seq"
+CORRECTION_HEADER = "microbatch.correction"
 _TAIL_WINDOW = 64
 
 
@@ -170,8 +171,11 @@ def publish_sink(spec: PipelineSpec, sink: KafkaSink, ledger_url: str, bootstrap
                 raise RuntimeError(f"outbox of {sink.name} has a gap after sequence {last}")
             producer.begin_transaction()
             for seq, key, value in rows:
+                headers = [(SEQ_HEADER, str(seq).encode())]
+                if value.get("correction"):
+                    headers.append((CORRECTION_HEADER, b"1"))  # a backfill changed an already final window
                 producer.send(sink.topic, key=(key or "").encode(), value=json.dumps(value, sort_keys=True).encode(),
-                              headers=[(SEQ_HEADER, str(seq).encode())])
+                              headers=headers)
             producer.flush()
             failpoints.hit("publish.before_commit")
             producer.commit_transaction()

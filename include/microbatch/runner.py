@@ -39,14 +39,14 @@ def ensure_airflow_db() -> None:
     marker.touch()
 
 
-def run_once(pipeline: str) -> RunOutcome:
-    """One DAG run of the pipeline, in this process, through `dag.test()`."""
+def run_once(pipeline: str, backfill: dict | None = None) -> RunOutcome:
+    """One DAG run of the pipeline (or, with `backfill` params, of its backfill DAG), in this process."""
     localenv.apply()
     ensure_airflow_db()
-    from microbatch.airflow_dags import pipeline_dag
+    from microbatch.airflow_dags import backfill_dag, pipeline_dag
 
-    dag = pipeline_dag(pipeline)
-    dag_run = dag.test()
+    dag = backfill_dag(pipeline) if backfill is not None else pipeline_dag(pipeline)
+    dag_run = dag.test(run_conf=backfill)
     states = {ti.task_id: str(ti.state) for ti in dag_run.get_task_instances()}
     return RunOutcome(dag_run.run_id, str(dag_run.state), states)
 

@@ -82,16 +82,16 @@ def verify_ledger(env: dict[str, str]) -> dict:
     return json.loads(result.stdout)
 
 
-def committed_batches(url: str) -> list[list[tuple[int, int, int]]]:
-    """The committed batches in commit order, each as its (partition, start, end) ranges."""
+def committed_batches(url: str) -> list[tuple[str, list[tuple[int, int, int]]]]:
+    """The committed batches in commit order, each as (kind, its (partition, start, end) ranges)."""
     with transaction(url) as session:
         rows = session.execute(text(
-            "SELECT b.id, r.partition, r.start_offset, r.end_offset FROM ranges r JOIN batches b ON b.id = r.batch_id "
-            "WHERE r.committed ORDER BY b.committed_at, b.id, r.partition"
+            "SELECT b.id, b.kind, r.partition, r.start_offset, r.end_offset FROM ranges r "
+            "JOIN batches b ON b.id = r.batch_id WHERE r.committed ORDER BY b.committed_at, b.id, r.partition"
         )).all()
-    batches: dict[int, list[tuple[int, int, int]]] = {}
-    for batch_id, partition, start, end in rows:
-        batches.setdefault(batch_id, []).append((partition, start, end))
+    batches: dict[int, tuple[str, list[tuple[int, int, int]]]] = {}
+    for batch_id, kind, partition, start, end in rows:
+        batches.setdefault(batch_id, (kind, []))[1].append((partition, start, end))
     return list(batches.values())
 
 
@@ -102,30 +102,32 @@ class Expected:
     watermark: datetime | None
 
 
-def recount(lines: list[LogLine], coords: list[tuple[int, int]], batches: list[list[tuple[int, int, int]]],
-            window: int = 5, lateness: int = 5) -> Expected:
+def recount(lines: list[LogLine], coords: list[tuple[int, int]],
+            batches: list[tuple[str, list[tuple[int, int, int]]]], window: int = 5, lateness: int = 5) -> Expected:
     """An independent recount of the input, replaying Flink's watermark rule over the committed batches:
-    a record whose window ended at or before the watermark at its batch's start is late."""
+    a record whose window ended at or before the watermark at its batch's start is late. Backfill
+    batches are history: nothing in them is late, and they do not move the watermark."""
     by_coord = dict(zip(coords, lines, strict=True))
     counts: Counter = Counter()
     late: set = set()
     max_event: datetime | None = None
     watermark: datetime | None = None
-    for ranges in batches:
+    for kind, ranges in batches:
+        backfill = kind == "backfill"
         batch_max = None
         for partition, start, end in ranges:
             for offset in range(start, end):
-                line = by_coord[(partition, offset)]
-                if line.malformed:
+                line = by_coord.get((partition, offset))
+                if line is None or line.malformed:  # a transaction marker or an aborted record: no data
                     continue
                 epoch = int(line.event_time.timestamp())
                 window_start = datetime.fromtimestamp(epoch - epoch % window, tz=UTC)
-                if watermark is not None and window_start + timedelta(seconds=window) <= watermark:
+                if not backfill and watermark is not None and window_start + timedelta(seconds=window) <= watermark:
                     late.add((partition, offset))
                     continue
                 counts[(window_start, line.ip)] += 1
                 batch_max = line.event_time if batch_max is None else max(batch_max, line.event_time)
-        if batch_max is not None:
+        if batch_max is not None and not backfill:
             max_event = batch_max if max_event is None else max(max_event, batch_max)
             candidate = max_event - timedelta(seconds=lateness)
             watermark = candidate if watermark is None else max(watermark, candidate)

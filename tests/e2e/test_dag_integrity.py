@@ -33,6 +33,10 @@ def test_dags_import_with_tags_and_retries():
     commit = dag.get_task("commit")
     assert [a.uri for a in commit.outlets] == ["microbatch://ip_count/ip_counts"]
     assert [a.uri for a in dag.get_task("publish").outlets] == ["microbatch://ip_count/ip_count_sink"]
+    backfill = bag.dags["ip_count__backfill"]
+    assert backfill.schedule is None or str(backfill.timetable.summary) in ("None", "")
+    assert set(backfill.params) == {"topic", "partitions", "start", "end", "mode", "dry_run"}
+    assert [t.task_id for t in backfill.topological_sort()] == ["plan", "stage", "commit", "publish"]
 
 
 def test_bad_spec_breaks_only_its_own_dag(tmp_path, monkeypatch):

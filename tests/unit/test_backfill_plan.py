@@ -1,0 +1,57 @@
+"""Backfill planning, pure: holes, what is skipped, what is left to the scheduled runs, layers, params."""
+
+from datetime import UTC, datetime
+
+import pytest
+
+from microbatch.backfill import layers, parse_params, plan_fill, subtract
+from microbatch.config import find_spec
+from microbatch.errors import SpecError
+from microbatch.planning import OffsetRange, TopicPartition
+
+T0 = TopicPartition("t", 0)
+
+
+def r(partition: int, start: int, end: int) -> OffsetRange:
+    return OffsetRange("t", partition, start, end)
+
+
+def test_subtract_finds_the_holes():
+    assert subtract(r(0, 0, 100), [r(0, 10, 20), r(0, 30, 40), r(1, 0, 100)]) == [r(0, 0, 10), r(0, 20, 30),
+                                                                                     r(0, 40, 100)]
+    assert subtract(r(0, 10, 20), [r(0, 0, 100)]) == []
+
+
+def test_fill_skips_committed_and_leaves_offsets_after_the_position_to_the_scheduled_runs():
+    plan = plan_fill([r(0, 0, 120)], [r(0, 50, 80)], {T0: 100})
+    assert plan.todo == [r(0, 0, 50), r(0, 80, 100)]
+    assert plan.already_committed == [r(0, 50, 80)]
+    assert plan.ahead_of_position == [r(0, 100, 120)]
+    assert plan.records == 70
+
+
+def test_fill_of_an_unseen_partition_does_nothing_yet():
+    plan = plan_fill([r(3, 0, 10)], [], {})
+    assert plan.todo == [] and plan.ahead_of_position == [r(3, 0, 10)]
+
+
+def test_layers_hold_one_range_per_partition():
+    groups = layers([r(0, 0, 5), r(0, 10, 15), r(1, 0, 5)])
+    assert groups == [[r(0, 0, 5), r(1, 0, 5)], [r(0, 10, 15)]]
+
+
+def test_params_are_validated_with_the_field_named():
+    spec = find_spec("ip_count")
+    params = parse_params(spec, {"topic": "ip_count_source", "start": "5", "end": 9, "partitions": [0, 1]})
+    assert (params.start, params.end, params.partitions, params.mode) == (5, 9, [0, 1], "fill")
+    times = parse_params(spec, {"topic": "ip_count_source", "start": "2026-11-22T12:00:00Z",
+                                "end": "2026-11-22T12:01:00+00:00"})
+    assert times.start == datetime(2026, 11, 22, 12, tzinfo=UTC)
+    with pytest.raises(SpecError, match="Backfill parameter 'topic': 'nope' is not a topic of pipeline ip_count"):
+        parse_params(spec, {"topic": "nope", "start": 0, "end": 5})
+    with pytest.raises(SpecError, match="end must be greater than start"):
+        parse_params(spec, {"topic": "ip_count_source", "start": 9, "end": 5})
+    with pytest.raises(SpecError, match="both be offsets or both be times"):
+        parse_params(spec, {"topic": "ip_count_source", "start": 0, "end": "2026-11-22T12:00:00Z"})
+    with pytest.raises(SpecError, match="Backfill parameter 'colour'"):
+        parse_params(spec, {"topic": "ip_count_source", "start": 0, "end": 5, "colour": "red"})
