@@ -124,6 +124,64 @@ def backfill(
 
 
 @app.command()
+def reset(
+    pipeline: str,
+    to: Annotated[str, typer.Option("--to", help="earliest, latest, offset or timestamp.")],
+    value: Annotated[str | None, typer.Option(help="The offset, or the ISO-8601 time.")] = None,
+    topic: Annotated[str | None, typer.Option(help="One topic; all of the pipeline's when omitted.")] = None,
+    partition: Annotated[int | None, typer.Option(help="One partition; all when omitted.")] = None,
+    yes: Annotated[bool, typer.Option("--yes", help="Do not ask for confirmation.")] = False,
+) -> None:
+    """Move positions once, on the record: refused while a batch is open; skipped offsets become a gap."""
+    import getpass
+
+    from kafka import TopicPartition as KafkaTopicPartition
+
+    from microbatch.config import find_spec
+    from microbatch.kafka_offsets import bootstrap_from_env, discover_partitions, offset_bounds, offsets_client
+    from microbatch.ledger import repository as repo
+    from microbatch.ledger.database import transaction
+    from microbatch.reset import apply_moves, parse_time, plan_moves, resolve_target
+
+    if to not in ("earliest", "latest", "offset", "timestamp"):
+        _fail(MicrobatchError(f"reset: --to '{to}' is not a target.", fix="Use earliest, latest, offset or timestamp."))
+    try:
+        spec = find_spec(pipeline)
+        with offsets_client(bootstrap_from_env(), spec.source.isolation_level) as consumer:
+            partitions = [tp for tp in discover_partitions(consumer, [topic] if topic else spec.source.topics)
+                          if partition is None or tp.partition == partition]
+            if not partitions:
+                _fail(MicrobatchError(f"reset: partition {partition} does not exist.", fix="Check --partition."))
+            earliest, latest = offset_bounds(consumer, partitions)
+            for_time = None
+            if to == "timestamp":
+                millis = int(parse_time(value or "").timestamp() * 1000)
+                found = consumer.offsets_for_times({KafkaTopicPartition(tp.topic, tp.partition): millis
+                                                    for tp in partitions})
+                for_time = {tp: (found[KafkaTopicPartition(tp.topic, tp.partition)] or None) and
+                            found[KafkaTopicPartition(tp.topic, tp.partition)].offset for tp in partitions}
+        new = resolve_target(to, value, earliest, latest, for_time)  # type: ignore[arg-type]
+        with transaction(_ledger_url()) as session:
+            pipeline_row = repo.ensure_pipeline(session, spec, lock=True)
+            moves = plan_moves(session, pipeline_row.id, new)
+            if not moves:
+                console.print("nothing to change: every position is already there")
+                return
+            table = Table(title=f"{pipeline}: reset --to {to}")
+            for column in ("partition", "from", "to", "skipped offsets"):
+                table.add_column(column)
+            for m in moves:
+                table.add_row(str(m.tp), "-" if m.old is None else str(m.old), str(m.new), str(m.skipped))
+            console.print(table)
+            if not yes and not typer.confirm("Apply this reset?"):
+                raise typer.Exit(1)
+            apply_moves(session, pipeline_row.id, moves, to, getpass.getuser())
+    except MicrobatchError as exc:
+        _fail(exc)
+    console.print(f"reset applied to {len(moves)} partition(s); skipped offsets are recorded as gaps")
+
+
+@app.command()
 def publish(pipeline: str) -> None:
     """Publish the pipeline's pending outbox rows to its Kafka sinks (what the publish task does)."""
     from microbatch.config import find_spec
@@ -229,7 +287,7 @@ def find(pipeline: str, topic: str, partition: int, offset: int, as_json: JsonFl
                       f"(range [{owner.start}, {owner.end}), Airflow run {owner.airflow_run_id})")
     elif owner.kind == "gap":
         console.print(f"{topic}[{partition}] offset {offset} was lost: gap [{owner.start}, {owner.end}) "
-                      f"recorded by batch {owner.batch_id}: {owner.reason}")
+                      f"recorded by {f'batch {owner.batch_id}' if owner.batch_id else 'an operator'}: {owner.reason}")
     else:
         console.print(f"{topic}[{partition}] offset {offset} has not been processed yet")
     if owner.kind == "none":

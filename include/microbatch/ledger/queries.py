@@ -204,8 +204,9 @@ def find_offset(session: Session, pipeline: int, topic: str, partition: int, off
         return OffsetOwner("batch", row.id, row.airflow_run_id, row.start_offset, row.end_offset)
     gap = session.execute(
         text(
-            "SELECT g.batch_id, g.start_offset, g.end_offset, g.reason FROM gaps g JOIN batches b ON b.id = g.batch_id "
-            "WHERE g.pipeline_id = :p AND g.topic = :t AND g.partition = :n AND b.state = 'committed' "
+            "SELECT g.batch_id, g.start_offset, g.end_offset, g.reason FROM gaps g "
+            "LEFT JOIN batches b ON b.id = g.batch_id WHERE g.pipeline_id = :p AND g.topic = :t "
+            "AND g.partition = :n AND (b.state = 'committed' OR g.batch_id IS NULL) "
             "AND int8range(g.start_offset, g.end_offset) @> CAST(:o AS bigint)"
         ),
         params,

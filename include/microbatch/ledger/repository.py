@@ -188,10 +188,12 @@ def committed_ranges(session: Session, pipeline_id: int) -> list[OffsetRange]:
 
 
 def committed_gaps(session: Session, pipeline_id: int) -> list[Gap]:
+    # Gaps of committed batches, and gaps an operator recorded with `microbatch reset` (no batch).
     rows = session.execute(
         select(LedgerGap)
-        .join(Batch, Batch.id == LedgerGap.batch_id)
-        .where(LedgerGap.pipeline_id == pipeline_id, Batch.state == BatchState.COMMITTED.value)
+        .outerjoin(Batch, Batch.id == LedgerGap.batch_id)
+        .where(LedgerGap.pipeline_id == pipeline_id,
+               (Batch.state == BatchState.COMMITTED.value) | LedgerGap.batch_id.is_(None))
     ).scalars()
     return [Gap(g.topic, g.partition, g.start_offset, g.end_offset, g.reason) for g in rows]
 
