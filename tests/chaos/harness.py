@@ -1,0 +1,471 @@
+"""The exactly-once chaos harness, modelled on Kafka's `transactions_test.py` and Kafka Streams' EOS test.
+
+It starts its own broker and Postgres, produces access-log lines in chunks (some malformed,
+some late, plus source transactions that are aborted on purpose), runs the ip_count DAG over
+and over (`microbatch run`, i.e. Airflow dag.test with real spark-submit) while it injects
+faults at random times, by SIGKILL and by SIGTERM, then quiesces and checks:
+
+- no loss: every input offset is in a committed range (the ledger audit passes, positions reach the end);
+- no duplicate: the ip_counts totals equal an independent recount of the input;
+- dead letters equal the malformed set; late records equal the late set;
+- read_committed consumers of the output topic, one running during the faults and one after,
+  each see every final window exactly once, with a gap-free sequence;
+- the hanging-transaction marker probe passes;
+- liveness: a commit followed every fault within a bound.
+
+    PYTHONPATH=include:. .venv/bin/python -m tests.chaos.harness --records 100000 --rounds 3
+
+A fast subset runs inside `make test` (tests/chaos/test_harness.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import psutil
+from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+from sqlalchemy import text
+
+from microbatch import localenv
+from microbatch.datagen import LogLine, generate_lines, produce_lines
+from microbatch.devstack import KafkaBroker, LocalPostgres, create_topic
+from microbatch.failpoints import FAILPOINT_DIR_ENV, FAILPOINTS_ENV
+from microbatch.ledger.database import get_engine, migrate, transaction
+from tests.e2e.helpers import (
+    committed_batches,
+    dead_letter_coordinates,
+    late_coordinates,
+    read_output,
+    recount,
+    sink_counts,
+    verify_ledger,
+    write_test_spec,
+)
+
+SOURCE = "chaos_source"
+
+
+@dataclass
+class FaultRecord:
+    name: str
+    sig: str
+    at: float
+    done: bool = False
+    detail: str = ""
+    recovered_s: float | None = None
+
+
+@dataclass
+class Check:
+    name: str
+    ok: bool
+    detail: str
+
+
+@dataclass
+class Harness:
+    work: Path
+    records: int = 20_000
+    chunks: int = 8
+    batch_size: int = 4_000
+    seed: int = 1
+    liveness_bound_s: float = 240.0
+    lines: list[LogLine] = field(default_factory=list)
+    coords: list[tuple[int, int]] = field(default_factory=list)
+    faults: list[FaultRecord] = field(default_factory=list)
+    runners: list[subprocess.Popen] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.rng = random.Random(self.seed)
+        self.stop = threading.Event()
+        self.loop_done = threading.Event()
+        self.lock = threading.Lock()
+        self.observed: list[tuple[int, dict]] = []
+        self.next_failpoints: str | None = None
+
+    # services -------------------------------------------------------------------------------------
+    def start(self) -> None:
+        localenv.apply()
+        os.environ["AIRFLOW_HOME"] = str(self.work / "airflow")
+        self.broker = KafkaBroker(self.work / "kafka").start()
+        self.postgres = LocalPostgres(self.work / "postgres").start()
+        self.postgres.create_database("chaos")
+        self.url = self.postgres.url("chaos")
+        migrate(self.url)
+        create_topic(self.broker.bootstrap_servers, SOURCE, 4)
+        specs = write_test_spec(self.work / "pipelines", SOURCE, self.batch_size,
+                                bootstrap=self.broker.bootstrap_servers)
+        self.output = f"{SOURCE}_out"
+        self.env = {
+            **os.environ,
+            "MICROBATCH_LEDGER_URL": self.url,
+            "MICROBATCH_KAFKA_BOOTSTRAP": self.broker.bootstrap_servers,
+            "MICROBATCH_PIPELINES_DIR": str(specs),
+            FAILPOINT_DIR_ENV: str(self.work / "failpoints"),
+        }
+
+    def close(self) -> None:
+        self.stop.set()
+        for runner in self.runners:
+            if runner.poll() is None:
+                runner.kill()
+        for proc in _matching("run_batch.py"):
+            proc.kill()
+        self.broker.stop()
+        self.postgres.stop()
+
+    # input ----------------------------------------------------------------------------------------
+    def produce_chunk(self, index: int) -> None:
+        start = datetime(2026, 11, 22, 12, 0, 0, tzinfo=UTC) + timedelta(seconds=60 * index)
+        chunk = generate_lines(self.records // self.chunks, ips=40, span_seconds=60, out_of_order=0.15,
+                               malformed=0.02, start=start, seed=self.seed * 1000 + index)
+        if index > 0:  # a few stragglers far behind: late by the time they are read
+            for i in self.rng.sample(range(len(chunk)), k=max(1, len(chunk) // 100)):
+                old = chunk[i]
+                if not old.malformed:
+                    when = old.event_time - timedelta(seconds=40)
+                    from microbatch.datagen import format_line
+
+                    chunk[i] = LogLine(format_line(old.ip, when), old.ip, when)
+        coords = _retrying(lambda: produce_lines(self.broker.bootstrap_servers, SOURCE, chunk))
+        self._aborted_transaction()
+        with self.lock:
+            self.lines.extend(chunk)
+            self.coords.extend(coords)
+
+    def _aborted_transaction(self) -> None:
+        """Source records in a transaction that is aborted on purpose: read_committed never counts them."""
+        def abort() -> None:
+            producer = KafkaProducer(bootstrap_servers=self.broker.bootstrap_servers,
+                                     transactional_id=f"chaos-aborter-{uuid.uuid4()}")
+            producer.init_transactions()
+            producer.begin_transaction()
+            for partition in range(4):
+                producer.send(SOURCE, value=b'10.9.9.9 - - [22/Nov/2026:12:00:00 +0000] "GET / HTTP/1.1" 200 1',
+                              partition=partition)
+            producer.flush()
+            producer.abort_transaction()
+            producer.close()
+        _retrying(abort)
+
+    # the pipeline -----------------------------------------------------------------------------------
+    def start_runner(self, max_runs: int = 2) -> subprocess.Popen:
+        env = dict(self.env)
+        if self.next_failpoints:
+            env[FAILPOINTS_ENV], self.next_failpoints = self.next_failpoints, None
+        log = (self.work / "runs.log").open("a")
+        runner = subprocess.Popen([sys.executable, "-m", "microbatch.cli", "run", "ip_count", "--max-runs",
+                                   str(max_runs)], env=env, stdout=log, stderr=subprocess.STDOUT,
+                                  start_new_session=True)
+        self.runners.append(runner)
+        return runner
+
+    def pipeline_loop(self) -> None:
+        while not self.loop_done.is_set():
+            runner = self.start_runner()
+            while runner.poll() is None and not self.loop_done.is_set():
+                time.sleep(0.5)
+
+    def consume_during(self) -> None:
+        """A read_committed consumer of the output topic that runs through the faults."""
+        consumer = None
+        while not self.stop.is_set():
+            try:
+                if consumer is None:
+                    consumer = KafkaConsumer(bootstrap_servers=self.broker.bootstrap_servers, group_id=None,
+                                             isolation_level="read_committed", enable_auto_commit=False)
+                    tps = [TopicPartition(self.output, p) for p in range(4)]
+                    consumer.assign(tps)
+                    consumer.seek_to_beginning()
+                for records in consumer.poll(timeout_ms=500).values():
+                    for record in records:
+                        seq = int(dict(record.headers)["microbatch.seq"].decode())
+                        self.observed.append((seq, json.loads(record.value)))
+            except Exception:
+                time.sleep(1)
+        if consumer is not None:
+            consumer.close()
+
+    # faults -----------------------------------------------------------------------------------------
+    def fault_kinds(self) -> dict[str, Callable[[int], str]]:
+        return {
+            "kill the spark-submit driver": self.kill_driver,
+            "kill the process running the commit": self.kill_commit,
+            "kill the publisher after its Kafka commit": self.kill_publisher,
+            "restart the Kafka broker": self.restart_broker,
+            "restart Postgres during a commit": self.restart_postgres,
+            "start a duplicate concurrent run (zombie)": self.zombie_run,
+        }
+
+    def kill_driver(self, sig: int) -> str:
+        procs = _wait_for(lambda: _matching("run_batch.py"), 90)
+        for proc in procs:
+            proc.send_signal(sig)
+        return f"{len(procs)} driver process(es)"
+
+    def kill_commit(self, sig: int) -> str:
+        _wait_for(self._staged_batch, 120)
+        runners = [r for r in self.runners if r.poll() is None]
+        for runner in runners:
+            os.killpg(runner.pid, sig)
+        return f"{len(runners)} runner(s) at a staged batch"
+
+    def kill_publisher(self, sig: int) -> str:
+        marker = Path(self.env[FAILPOINT_DIR_ENV]) / "publish.after_commit"
+        marker.unlink(missing_ok=True)
+        self.next_failpoints = "publish.after_commit" + ("=kill" if sig == signal.SIGKILL else "")
+        return "armed publish.after_commit for the next run"
+
+    def restart_broker(self, sig: int) -> str:
+        self.broker.restart(hard=sig == signal.SIGKILL)
+        return f"broker back on {self.broker.bootstrap_servers}"
+
+    def restart_postgres(self, sig: int) -> str:
+        _wait_for(self._staged_batch, 120)
+        self.postgres.restart(hard=sig == signal.SIGKILL)
+        get_engine(self.url).dispose()
+        return "postgres restarted"
+
+    def zombie_run(self, sig: int) -> str:
+        self.start_runner(max_runs=1)
+        return "second runner started"
+
+    def _staged_batch(self) -> bool:
+        try:
+            with transaction(self.url) as session:
+                return bool(session.execute(text("SELECT 1 FROM batches WHERE state = 'staged'")).first())
+        except Exception:
+            return False
+
+    def full_schedule(self, rounds: int) -> list[tuple[str, int]]:
+        """Every fault, by SIGKILL and by SIGTERM, `rounds` times each, in a random order."""
+        schedule = [(name, sig) for name in self.fault_kinds() for sig in (signal.SIGKILL, signal.SIGTERM)
+                    for _ in range(rounds)]
+        self.rng.shuffle(schedule)
+        return schedule
+
+    def inject(self, schedule: list[tuple[str, int]], spacing_s: tuple[float, float]) -> None:
+        for name, sig in schedule:
+            time.sleep(self.rng.uniform(*spacing_s))
+            record = FaultRecord(name, signal.Signals(sig).name, time.time())
+            try:
+                record.detail = self.fault_kinds()[name](sig)
+                record.done = True
+            except TimeoutError as exc:
+                record.detail = f"not applied: {exc}"
+            self.faults.append(record)
+            print(f"[chaos] {record.sig:7} {name}: {record.detail}", flush=True)
+
+    # the run ------------------------------------------------------------------------------------------
+    def run(self, schedule: list[tuple[str, int]], spacing_s: tuple[float, float] = (5, 20)) -> list[Check]:
+        threading.Thread(target=self.pipeline_loop, daemon=True).start()
+        consumer = threading.Thread(target=self.consume_during, daemon=True)
+        consumer.start()
+        producer = threading.Thread(target=self._produce_all, daemon=True)
+        producer.start()
+        self.inject(schedule, spacing_s)
+        producer.join()
+        self.quiesce()
+        return self.check(consumer)
+
+    def _produce_all(self) -> None:
+        for index in range(self.chunks):
+            self.produce_chunk(index)
+            time.sleep(self.rng.uniform(2, 8))
+
+    def quiesce(self) -> None:
+        """Stop injecting, let running work end, then run cleanly until caught up and published."""
+        self.stop_loop()
+        for _ in range(4):
+            result = subprocess.run([sys.executable, "-m", "microbatch.cli", "run", "ip_count", "--max-runs", "30"],
+                                    env={k: v for k, v in self.env.items() if k != FAILPOINTS_ENV},
+                                    capture_output=True, text=True, check=False)
+            if result.returncode == 0:
+                return
+        raise RuntimeError("the pipeline did not catch up after the faults:\n" + result.stdout[-3000:])
+
+    def stop_loop(self) -> None:
+        self.loop_done.set()
+        deadline = time.time() + 300
+        for runner in self.runners:
+            while runner.poll() is None and time.time() < deadline:
+                time.sleep(1)
+            if runner.poll() is None:
+                runner.kill()
+
+    # checks -------------------------------------------------------------------------------------------
+    def check(self, consumer: threading.Thread) -> list[Check]:
+        checks = []
+        expected = recount(self.lines, self.coords, committed_batches(self.url))
+        good = sum(1 for line in self.lines if not line.malformed)
+        actual = sink_counts(self.url)
+        checks.append(Check("no duplicate: ip_counts == recount", actual == expected.counts,
+                            f"{sum(actual.values())} counted, {len(expected.late)} late, {good} well-formed lines"))
+        audit = verify_ledger({"MICROBATCH_LEDGER_URL": self.url, "MICROBATCH_PIPELINES_DIR":
+                               self.env["MICROBATCH_PIPELINES_DIR"]})
+        ends = _end_offsets(self.broker.bootstrap_servers, SOURCE)
+        with transaction(self.url) as session:
+            positions = dict(session.execute(text("SELECT partition, next_offset FROM positions")).all())
+        checks.append(Check("no loss: ranges cover every offset to the end", audit["ok"] and positions == ends,
+                            f"{audit['ranges']} committed ranges, positions {positions}, ends {ends}"))
+        checks.append(Check("microbatch verify", audit["ok"], "; ".join(audit["problems"]) or "ok"))
+        malformed = sorted(c for c, line in zip(self.coords, self.lines, strict=True) if line.malformed)
+        checks.append(Check("dead letters == malformed set", dead_letter_coordinates(self.url) == malformed,
+                            f"{len(malformed)} malformed"))
+        checks.append(Check("late records == late set", late_coordinates(self.url) == expected.late,
+                            f"{len(expected.late)} late"))
+        final = {(start.isoformat(), ip): n for (start, ip), n in expected.counts.items()
+                 if start + timedelta(seconds=5) <= expected.watermark}
+        after = read_output(self.broker.bootstrap_servers, self.output)
+        checks.append(Check("read_committed consumer after: each final window once", _published_ok(after, final),
+                            f"{len(after)} records, {len(final)} final windows"))
+        deadline = time.time() + 60
+        while len(self.observed) < len(after) and time.time() < deadline:
+            time.sleep(1)
+        self.stop.set()
+        consumer.join(timeout=10)
+        checks.append(Check("read_committed consumer during faults: each final window once",
+                            _published_ok(self.observed, final), f"{len(self.observed)} records"))
+        checks.append(Check("no hanging transaction (marker probe)", _marker_probe(self.broker.bootstrap_servers,
+                                                                                   self.output), "markers visible"))
+        checks.append(self._liveness())
+        return checks
+
+    def _liveness(self) -> Check:
+        with transaction(self.url) as session:
+            commits = [t.timestamp() for t in session.execute(
+                text("SELECT committed_at FROM batches WHERE committed_at IS NOT NULL ORDER BY 1")).scalars()]
+        worst = 0.0
+        for fault in self.faults:
+            later = [t for t in commits if t > fault.at]
+            fault.recovered_s = (later[0] - fault.at) if later else None
+            worst = max(worst, fault.recovered_s if later else float("inf"))
+        return Check(f"liveness: a commit within {self.liveness_bound_s:.0f}s of every fault",
+                     worst <= self.liveness_bound_s, f"worst {worst:.0f}s over {len(self.faults)} faults")
+
+
+def _published_ok(published: list[tuple[int, dict]], final: dict) -> bool:
+    seqs = sorted(seq for seq, _ in published)
+    if seqs != list(range(1, len(seqs) + 1)):
+        return False
+    got = {(datetime.fromisoformat(v["window_start"]).astimezone(UTC).isoformat(), v["ip"]): v["count"]
+           for _, v in published}
+    return len(got) == len(published) and got == final
+
+
+def _marker_probe(bootstrap: str, topic: str) -> bool:
+    probe = KafkaProducer(bootstrap_servers=bootstrap, transactional_id=f"probe-{uuid.uuid4()}")
+    probe.init_transactions()
+    probe.begin_transaction()
+    marker = uuid.uuid4().hex.encode()
+    for partition in range(4):
+        probe.send(topic, value=marker, partition=partition)
+    probe.commit_transaction()
+    probe.close()
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, isolation_level="read_committed", group_id=None)
+    consumer.assign([TopicPartition(topic, p) for p in range(4)])
+    consumer.seek_to_beginning()
+    seen: set[int] = set()
+    deadline = time.monotonic() + 30
+    while len(seen) < 4 and time.monotonic() < deadline:
+        for tp, records in consumer.poll(timeout_ms=500).items():
+            seen.update(tp.partition for r in records if r.value == marker)
+    consumer.close()
+    return len(seen) == 4
+
+
+def _end_offsets(bootstrap: str, topic: str) -> dict[int, int]:
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, isolation_level="read_committed", group_id=None)
+    try:
+        tps = [TopicPartition(topic, p) for p in range(4)]
+        return {tp.partition: end for tp, end in consumer.end_offsets(tps).items()}
+    finally:
+        consumer.close()
+
+
+def _matching(needle: str) -> list[psutil.Process]:
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        cmdline = " ".join(proc.info["cmdline"] or [])
+        if needle in cmdline and "pytest" not in cmdline:
+            found.append(proc)
+    return found
+
+
+def _wait_for(probe: Callable[[], object], timeout: float) -> object:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = probe()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise TimeoutError(f"condition not reached within {timeout:.0f}s")
+
+
+def _retrying(action: Callable[[], object], attempts: int = 10) -> object:
+    for attempt in range(attempts):
+        try:
+            return action()
+        except Exception:
+            if attempt == attempts - 1:
+                raise
+            time.sleep(3)
+    return None
+
+
+def print_report(harness: Harness, checks: list[Check]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    faults = Table(title="faults")
+    for column in ("signal", "fault", "applied", "commit after (s)", "detail"):
+        faults.add_column(column)
+    for f in harness.faults:
+        faults.add_row(f.sig, f.name, "yes" if f.done else "no",
+                       "-" if f.recovered_s is None else f"{f.recovered_s:.0f}", f.detail)
+    console.print(faults)
+    table = Table(title=f"exactly-once checks over {len(harness.lines)} lines")
+    for column in ("check", "result", "detail"):
+        table.add_column(column)
+    for c in checks:
+        table.add_row(c.name, "[green]PASS[/green]" if c.ok else "[red]FAIL[/red]", c.detail)
+    console.print(table)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--records", type=int, default=100_000)
+    parser.add_argument("--chunks", type=int, default=20)
+    parser.add_argument("--batch-size", type=int, default=10_000)
+    parser.add_argument("--rounds", type=int, default=3, help="times each fault is applied per signal")
+    parser.add_argument("--seed", type=int, default=1)
+    args = parser.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="microbatch-chaos-"))
+    harness = Harness(work, args.records, args.chunks, args.batch_size, args.seed)
+    harness.start()
+    try:
+        checks = harness.run(harness.full_schedule(args.rounds))
+    finally:
+        harness.close()
+    print_report(harness, checks)
+    print(f"work dir: {work}")
+    return 0 if all(c.ok for c in checks) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

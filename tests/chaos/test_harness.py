@@ -1,0 +1,34 @@
+"""The fast subset of the chaos harness: one of each fault kind, mixed SIGKILL/SIGTERM, while the
+pipeline runs continuously; then every exactly-once check of the full harness must pass."""
+
+from __future__ import annotations
+
+import signal
+
+import pytest
+
+from tests.chaos.harness import Harness, print_report
+
+pytestmark = pytest.mark.chaos
+
+SCHEDULE = [
+    ("kill the spark-submit driver", signal.SIGKILL),
+    ("restart the Kafka broker", signal.SIGKILL),
+    ("kill the process running the commit", signal.SIGTERM),
+    ("kill the publisher after its Kafka commit", signal.SIGKILL),
+    ("restart Postgres during a commit", signal.SIGKILL),
+    ("start a duplicate concurrent run (zombie)", signal.SIGTERM),
+]
+
+
+def test_chaos_fast_subset(tmp_path):
+    harness = Harness(tmp_path, records=6_000, chunks=3, batch_size=1_500, seed=7, liveness_bound_s=300)
+    harness.start()
+    try:
+        checks = harness.run(SCHEDULE, spacing_s=(2, 6))
+    finally:
+        harness.close()
+    print_report(harness, checks)
+    assert all(f.done for f in harness.faults), [(f.name, f.detail) for f in harness.faults]
+    failed = [(c.name, c.detail) for c in checks if not c.ok]
+    assert not failed, failed
