@@ -9,6 +9,8 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -66,6 +68,17 @@ def kafka_bootstrap(conn_id: str) -> str:
             fix="Set its extra to {\"bootstrap.servers\": \"HOST:PORT\"}.",
         )
     return servers
+
+
+@contextmanager
+def task_errors(url: str) -> Iterator[None]:
+    """Turn platform and ledger-connection errors into one logged sentence and the right failure."""
+    try:
+        yield
+    except MicrobatchError as exc:
+        _fail(exc)
+    except OperationalError as exc:
+        _fail(unreachable(url, exc))
 
 
 def _fail(exc: MicrobatchError) -> None:
@@ -202,13 +215,8 @@ def _commit_task(spec: PipelineSpec) -> Any:
         url = ledger_url()
         summaries = []
         for batch_id in [int(part) for part in str(batch_ids).split(",")]:
-            try:
-                with transaction(url) as session:
-                    result = commit_batch(session, spec, batch_id)
-            except MicrobatchError as exc:
-                _fail(exc)
-            except OperationalError as exc:
-                _fail(unreachable(url, exc))
+            with task_errors(url), transaction(url) as session:
+                result = commit_batch(session, spec, batch_id)
             hit("commit.after_commit")
             log_commit_summary(log, spec.name, result)
             if spec.source.commit_group_offsets and result.moves:
@@ -242,12 +250,8 @@ def _publish_task(spec: PipelineSpec) -> Any:
         url = ledger_url()
         summary = {}
         for sink in spec.kafka_sinks:
-            try:
+            with task_errors(url):
                 result = publish_sink(spec, sink, url, kafka_bootstrap(sink.connection))
-            except MicrobatchError as exc:
-                _fail(exc)
-            except OperationalError as exc:
-                _fail(unreachable(url, exc))
             log_publish_summary(log, spec.name, result)
             summary[sink.name] = {"first_seq": result.first_seq, "last_seq": result.last_seq,
                                   "records": result.records, "transactions": result.transactions}
@@ -267,7 +271,7 @@ def build_dag(spec: PipelineSpec) -> DAG:
         max_active_runs=1,
         default_args=_default_args(spec),
         tags=["microbatch", *spec.tags],
-        doc_md=f"Exactly-once micro-batches of `{', '.join(spec.source.topics)}` into "
+        doc_md=f"Exactly-once micro-batches of `{', '.join(spec.source.topics) or spec.source.topic_pattern}` into "
         f"`{', '.join(s.name for s in spec.sinks)}`. Spec: `include/pipelines/{spec.name}.yaml`.",
     ) as dag:
 
@@ -276,13 +280,9 @@ def build_dag(spec: PipelineSpec) -> DAG:
             from microbatch.planner import plan_next_batch
             from microbatch.reporting import log_plan_summary
 
-            try:
-                url = ledger_url()
+            url = ledger_url()
+            with task_errors(url):
                 outcome = plan_next_batch(spec, url, kafka_bootstrap(spec.source.connection), context["run_id"])
-            except MicrobatchError as exc:
-                _fail(exc)
-            except OperationalError as exc:
-                _fail(unreachable(url, exc))
             log_plan_summary(log, spec.name, outcome)
             if outcome.batch_id is None:
                 raise AirflowSkipException("nothing new to read")
@@ -299,8 +299,10 @@ def build_dag(spec: PipelineSpec) -> DAG:
 def build_backfill_dag(spec: PipelineSpec) -> DAG:
     """`<pipeline>__backfill`: not scheduled; a validated trigger form; fill by offsets or times."""
     topics = spec.source.topics
+    topic = (Param(topics[0], type="string", enum=topics, description="The topic to backfill.") if topics
+             else Param("", type="string", description=f"A topic matching {spec.source.topic_pattern}."))
     params = {
-        "topic": Param(topics[0], type="string", enum=topics, description="The topic to backfill."),
+        "topic": topic,
         "partitions": Param("all", type=["string", "array"],
                             description='"all", or a list of partition numbers such as [0, 2].'),
         "start": Param(0, type=["integer", "string"],
@@ -329,14 +331,10 @@ def build_backfill_dag(spec: PipelineSpec) -> DAG:
             from microbatch.backfill import plan_backfill
             from microbatch.reporting import log_backfill_plan
 
-            try:
-                url = ledger_url()
+            url = ledger_url()
+            with task_errors(url):
                 outcome = plan_backfill(spec, dict(context["params"]), url,
                                         kafka_bootstrap(spec.source.connection), context["run_id"])
-            except MicrobatchError as exc:
-                _fail(exc)
-            except OperationalError as exc:
-                _fail(unreachable(url, exc))
             log_backfill_plan(log, spec.name, outcome)
             if not outcome.batch_ids:
                 raise AirflowSkipException("dry run" if outcome.params.dry_run else "nothing to fill")

@@ -12,6 +12,7 @@ ledger and the broker and inserts the batch.
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -65,10 +66,12 @@ def parse_params(spec: PipelineSpec, raw: Mapping[str, object]) -> BackfillParam
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"]) or "parameters"
         raise SpecError(f"Backfill parameter '{where}': {first['msg'].removeprefix('Value error, ')}.") from None
-    if params.topic not in spec.source.topics:
+    pattern = spec.source.topic_pattern
+    if not (params.topic in spec.source.topics or (pattern and re.fullmatch(pattern, params.topic))):
         raise SpecError(
             f"Backfill parameter 'topic': '{params.topic}' is not a topic of pipeline {spec.name}.",
-            fix=f"Use one of: {', '.join(spec.source.topics)}.",
+            fix=f"Use one of: {', '.join(spec.source.topics)}." if spec.source.topics
+            else f"Use a topic matching {pattern}.",
         )
     return params
 

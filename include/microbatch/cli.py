@@ -138,7 +138,13 @@ def reset(
     from kafka import TopicPartition as KafkaTopicPartition
 
     from microbatch.config import find_spec
-    from microbatch.kafka_offsets import bootstrap_from_env, discover_partitions, offset_bounds, offsets_client
+    from microbatch.kafka_offsets import (
+        bootstrap_from_env,
+        discover_partitions,
+        offset_bounds,
+        offsets_client,
+        source_partitions,
+    )
     from microbatch.ledger import repository as repo
     from microbatch.ledger.database import transaction
     from microbatch.reset import apply_moves, parse_time, plan_moves, resolve_target
@@ -148,7 +154,8 @@ def reset(
     try:
         spec = find_spec(pipeline)
         with offsets_client(bootstrap_from_env(), spec.source.isolation_level) as consumer:
-            partitions = [tp for tp in discover_partitions(consumer, [topic] if topic else spec.source.topics)
+            partitions = [tp for tp in (discover_partitions(consumer, [topic]) if topic
+                                        else source_partitions(consumer, spec.source))
                           if partition is None or tp.partition == partition]
             if not partitions:
                 _fail(MicrobatchError(f"reset: partition {partition} does not exist.", fix="Check --partition."))
@@ -201,12 +208,12 @@ def publish(pipeline: str) -> None:
 def _latest_offsets(name: str) -> dict:
     """Latest offsets of the pipeline's partitions, or {} with a warning when Kafka is unreachable."""
     from microbatch.config import find_spec
-    from microbatch.kafka_offsets import bootstrap_from_env, discover_partitions, offset_bounds, offsets_client
+    from microbatch.kafka_offsets import bootstrap_from_env, offset_bounds, offsets_client, source_partitions
 
     try:
         spec = find_spec(name)
         with offsets_client(bootstrap_from_env(), spec.source.isolation_level) as consumer:
-            return offset_bounds(consumer, discover_partitions(consumer, spec.source.topics))[1]
+            return offset_bounds(consumer, source_partitions(consumer, spec.source))[1]
     except MicrobatchError as exc:
         console.print(f"[yellow]warning:[/yellow] latest offsets unavailable: {exc}")
         return {}

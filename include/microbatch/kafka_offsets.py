@@ -16,6 +16,7 @@ from kafka import KafkaAdminClient, KafkaConsumer, OffsetAndMetadata
 from kafka import TopicPartition as KafkaTopicPartition
 from kafka.errors import KafkaConfigurationError, KafkaError
 
+from microbatch.config import SourceSpec
 from microbatch.errors import ConnectionSettingsError, SpecError, TransientServiceError
 from microbatch.planning import StartupOffsets, TopicPartition
 
@@ -59,6 +60,12 @@ def offsets_client(
         yield consumer
     finally:
         consumer.close(autocommit=False)
+
+
+def source_partitions(consumer: KafkaConsumer, source: SourceSpec) -> list[TopicPartition]:
+    """The partitions a pipeline's source reads now: its listed topics, or every topic matching its pattern."""
+    found, _ = discover_source(consumer, source.topics, source.topic_pattern)
+    return found
 
 
 def discover_partitions(consumer: KafkaConsumer, topics: Iterable[str]) -> list[TopicPartition]:

@@ -100,14 +100,14 @@ def _any_reachable(bootstrap: str, timeout_s: float) -> bool:
 def latest_offsets(pipeline: str, sources: LedgerSources) -> dict[TopicPartition, int]:
     """The latest (last stable, under read_committed) offsets of the pipeline's topics."""
     from microbatch.config import find_spec
-    from microbatch.kafka_offsets import discover_partitions, offset_bounds, offsets_client
+    from microbatch.kafka_offsets import offset_bounds, offsets_client, source_partitions
 
     spec = find_spec(pipeline)
     bootstrap = sources.kafka_bootstrap(spec.source.connection)
     if not _any_reachable(bootstrap, sources.kafka_timeout_s):
         raise MicrobatchError(f"No Kafka broker answered at {bootstrap}.")
     with offsets_client(bootstrap, spec.source.isolation_level) as consumer:
-        return offset_bounds(consumer, discover_partitions(consumer, spec.source.topics))[1]
+        return offset_bounds(consumer, source_partitions(consumer, spec.source))[1]
 
 
 Latest = dict[TopicPartition, int]

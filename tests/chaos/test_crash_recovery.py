@@ -32,9 +32,9 @@ CASES = {
 @pytest.mark.parametrize("case", list(CASES))
 def test_crash_then_recover_exactly_once(case, service_env, topic, kafka, ledger_url, tmp_path):
     failpoint, _, kills_runner = CASES[case]
-    specs = write_test_spec(tmp_path / "pipelines", topic, max_records=2500, bootstrap=kafka.bootstrap_servers)
+    specs = write_test_spec(tmp_path / "pipelines", topic, max_records=1500, bootstrap=kafka.bootstrap_servers)
     env = {**service_env, "MICROBATCH_PIPELINES_DIR": str(specs)}
-    lines = generate_lines(5_000, ips=25, span_seconds=60, out_of_order=0.1, malformed=0.03, seed=hash(case) % 1000)
+    lines = generate_lines(3_000, ips=25, span_seconds=60, out_of_order=0.1, malformed=0.03, seed=len(case))
     coords = produce_lines(kafka.bootstrap_servers, topic, lines)
 
     if case == "seeds_fail_after_7_records":
