@@ -1,7 +1,9 @@
-"""docker-compose.yaml cannot run here (no Docker engine); check its wiring instead: the
-environment names the code reads, the connection formats, and the service references."""
+"""docker-compose.yaml cannot run here (no Docker engine); check its wiring instead: every setting
+the code reads is set for every Airflow service, hostnames and ports agree, databases are separate,
+images are pinned, and every dependency names a real service."""
 
 import json
+import re
 from pathlib import Path
 
 import yaml
@@ -11,29 +13,53 @@ from microbatch.kafka_offsets import BOOTSTRAP_ENV
 from microbatch.ledger.database import LEDGER_URL_ENV
 
 ROOT = Path(__file__).resolve().parents[2]
+AIRFLOW = ("airflow-init", "airflow-api-server", "airflow-scheduler", "airflow-dag-processor", "airflow-triggerer")
 
 
-def compose() -> dict:
-    return yaml.safe_load((ROOT / "docker-compose.yaml").read_text())
+def services() -> dict:
+    return yaml.safe_load((ROOT / "docker-compose.yaml").read_text())["services"]
 
 
-def test_airflow_gets_every_setting_the_code_reads():
-    services = compose()["services"]
-    env = services["airflow"]["environment"]
-    assert make_url(env[LEDGER_URL_ENV].replace("${MICROBATCH_DB_PASSWORD:-microbatch}", "x")).host == "postgres"
+def url(value: str):
+    return make_url(re.sub(r"\$\{[^}]+\}", "x", value))
+
+
+def test_every_airflow_service_gets_every_setting_the_code_reads():
+    for name in AIRFLOW:
+        env = services()[name]["environment"]
+        for key in (LEDGER_URL_ENV, BOOTSTRAP_ENV, "AIRFLOW_CONN_SPARK_DEFAULT", "AIRFLOW__CORE__DAGS_FOLDER",
+                    "AIRFLOW__CORE__PLUGINS_FOLDER", "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN", "PYTHONPATH"):
+            assert env.get(key), f"{name} lacks {key}"
+        assert env["AIRFLOW__CORE__DAGS_FOLDER"] == "/opt/microbatch/dags"
+        assert "/opt/microbatch/include" in env["PYTHONPATH"]
+
+
+def test_hostnames_ports_and_databases_agree():
+    all_services = services()
+    env = all_services["airflow-scheduler"]["environment"]
+    ledger, metadata = url(env[LEDGER_URL_ENV]), url(env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"])
+    assert ledger.host == metadata.host == "postgres" and ledger.port == metadata.port == 5432
+    assert ledger.database != metadata.database, "the ledger must not live in Airflow's metadata DB"
+    init = all_services["postgres"]["entrypoint"][-1]
+    for database in (ledger.database, metadata.database):
+        assert f"CREATE DATABASE {database}" in init
+    assert "btree_gist" in init
     host, port = env[BOOTSTRAP_ENV].split(":")
-    assert host == "kafka" and port in services["kafka"]["environment"]["KAFKA_LISTENERS"]
+    kafka = all_services["kafka"]["environment"]
+    assert host == "kafka" and f"PLAINTEXT://{host}:{port}" == kafka["KAFKA_ADVERTISED_LISTENERS"]
     spark = json.loads(env["AIRFLOW_CONN_SPARK_DEFAULT"])
-    assert spark["host"] == "spark://spark-master:7077"
-    assert env["AIRFLOW__CORE__DAGS_FOLDER"].endswith("/dags")
+    master = all_services["spark-master"]["command"]
+    assert f"--host {spark['host'].removeprefix('spark://')} --port {spark['port']}" in master
+    assert f"spark://spark-master:{spark['port']}" in all_services["spark-worker"]["command"]
 
 
-def test_services_reference_each_other_consistently():
-    services = compose()["services"]
-    for name, service in services.items():
+def test_images_are_pinned_and_dependencies_exist():
+    all_services = services()
+    for name, service in all_services.items():
+        image = service["image"]
+        assert ":" in image and not image.endswith(":latest"), f"{name} image {image} is not pinned"
         for dependency in service.get("depends_on", []):
-            assert dependency in services, f"{name} depends on unknown service {dependency}"
-    pg = services["postgres"]["environment"]
-    url = make_url(services["airflow"]["environment"][LEDGER_URL_ENV].replace("${MICROBATCH_DB_PASSWORD:-microbatch}",
-                                                                               "x"))
-    assert url.username == pg["POSTGRES_USER"] and url.database == pg["POSTGRES_DB"]
+            assert dependency in all_services, f"{name} depends on unknown service {dependency}"
+    assert (ROOT / "include/docker/airflow-entrypoint.sh").exists()
+    for name in AIRFLOW[1:]:
+        assert all_services[name]["depends_on"]["airflow-init"]["condition"] == "service_completed_successfully"

@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# Entrypoint of the Airflow containers in docker-compose.yaml: install Java and the project's pinned
+# requirements once per container, then run the given Airflow command.
+set -euo pipefail
+if [ ! -f /tmp/.microbatch-installed ]; then
+  command -v java >/dev/null || (apt-get update -qq && apt-get install -y -qq openjdk-17-jre-headless maven >/dev/null)
+  pip install -q -r /opt/microbatch/requirements.txt
+  pip install -q --no-deps -e /opt/microbatch
+  touch /tmp/.microbatch-installed
+fi
+exec "$@"
