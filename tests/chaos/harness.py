@@ -209,6 +209,7 @@ class Harness:
             "restart the Kafka broker": self.restart_broker,
             "restart Postgres during a commit": self.restart_postgres,
             "start a duplicate concurrent run (zombie)": self.zombie_run,
+            "start a backfill overlapping the scheduled range": self.overlapping_backfill,
         }
 
     def kill_driver(self, sig: int) -> str:
@@ -243,6 +244,15 @@ class Harness:
     def zombie_run(self, sig: int) -> str:
         self.start_runner(max_runs=1)
         return "second runner started"
+
+    def overlapping_backfill(self, sig: int) -> str:
+        """A fill over the whole topic while the scheduled runs go on: it may only take what nobody committed."""
+        log = (self.work / "runs.log").open("a")
+        runner = subprocess.Popen([sys.executable, "-m", "microbatch.cli", "backfill", "ip_count", "--topic", SOURCE,
+                                   "--start", "0", "--end", "100000000"], env=self.env, stdout=log,
+                                  stderr=subprocess.STDOUT, start_new_session=True)
+        self.runners.append(runner)
+        return "backfill over [0, end) started"
 
     def _staged_batch(self) -> bool:
         try:

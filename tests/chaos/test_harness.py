@@ -18,6 +18,7 @@ SCHEDULE = [
     ("kill the publisher after its Kafka commit", signal.SIGKILL),
     ("restart Postgres during a commit", signal.SIGKILL),
     ("start a duplicate concurrent run (zombie)", signal.SIGTERM),
+    ("start a backfill overlapping the scheduled range", signal.SIGKILL),
 ]
 
 
