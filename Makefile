@@ -26,7 +26,7 @@ demo: jars
 
 test: jars browser
 	$(PY) -m ruff check .
-	$(PY) -m pytest -p no:cacheprovider --timeout=900 tests
+	$(PY) -m pytest -p no:cacheprovider --timeout=900 --durations=15 tests
 
 # Debian's chromium, for the browser test of the ledger page (Playwright drives it; no browser download).
 browser:

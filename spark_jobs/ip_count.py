@@ -2,8 +2,10 @@
 
 Input lines are nginx access-log lines; only the client IP and the time are used:
     203.0.113.7 - - [22/Nov/2026:23:00:01 +0000] "GET / HTTP/1.1" 200 512 "-" "curl/8"
-A line without both is a dead letter. Output rows are partial counts of this batch;
-the commit adds them to `ip_counts`, so a window that spans batches stays exact.
+A line without both is a dead letter. Output rows are partial counts of this batch, per source
+partition; the commit adds them to `ip_counts`, so a window that spans batches stays exact.
+Option `exclude_ips` (a list) leaves those clients out of the counts: changing it and replaying a
+range (backfill mode `replay`) recomputes that range's contribution only.
 
 Event time follows Flink's model. The watermark is the maximum event time seen so far minus
 `allowed_lateness_seconds`; it is pipeline state, committed with the ledger. A window whose
@@ -82,13 +84,18 @@ class IpCount:
         self, parsed: DataFrame, options: Mapping[str, Any], state: Mapping[str, Any]
     ) -> dict[str, DataFrame]:
         width = window_seconds(options)
+        excluded = [str(ip) for ip in options.get("exclude_ips", [])]
+        if excluded:
+            parsed = parsed.where(~F.col("ip").isin(excluded))
         start_s = F.floor(F.unix_seconds("event_time") / width) * width
         windowed = parsed.select(
+            "topic", "partition",
             F.timestamp_seconds(start_s).alias("window_start"),
             F.timestamp_seconds(start_s + width).alias("window_end"),
             "ip",
         )
-        counts = windowed.groupBy("window_start", "window_end", "ip").agg(F.count(F.lit(1)).alias("count"))
+        counts = windowed.groupBy("topic", "partition", "window_start", "window_end", "ip").agg(
+            F.count(F.lit(1)).alias("count"))
         return {"ip_counts": counts}
 
 

@@ -307,9 +307,11 @@ def build_backfill_dag(spec: PipelineSpec) -> DAG:
                             description='"all", or a list of partition numbers such as [0, 2].'),
         "start": Param(0, type=["integer", "string"],
                        description="First offset, or an ISO-8601 time (the first offset at or after it)."),
-        "end": Param(0, type=["integer", "string"], description="End offset (exclusive), or an ISO-8601 time."),
+        "end": Param("latest", type=["integer", "string"],
+                     description="End offset (exclusive), an ISO-8601 time, or latest (each partition's end)."),
         "mode": Param("fill", type="string", enum=["fill", "replay"],
-                      description="fill: only never-committed offsets. replay: not available yet."),
+                      description="fill: only never-committed offsets. replay: recompute committed offsets "
+                      "(widened to whole committed batches) and replace their output."),
         "dry_run": Param(False, type="boolean", description="Print the plan and write nothing."),
     }
     with DAG(
@@ -323,7 +325,8 @@ def build_backfill_dag(spec: PipelineSpec) -> DAG:
         params=params,
         tags=["microbatch", "backfill", *spec.tags],
         doc_md=f"Backfill `{spec.name}`: a ledger entry of its own that never moves the scheduled cursor. "
-        "Mode `fill` processes only the sub-ranges never committed and below the scheduled position.",
+        "Mode `fill` processes only the sub-ranges never committed and below the scheduled position; "
+        "mode `replay` recomputes committed ranges and replaces their output in one transaction.",
     ) as dag:
 
         @task(task_id="plan")
@@ -337,7 +340,7 @@ def build_backfill_dag(spec: PipelineSpec) -> DAG:
                                         kafka_bootstrap(spec.source.connection), context["run_id"])
             log_backfill_plan(log, spec.name, outcome)
             if not outcome.batch_ids:
-                raise AirflowSkipException("dry run" if outcome.params.dry_run else "nothing to fill")
+                raise AirflowSkipException("dry run" if outcome.params.dry_run else f"nothing to {outcome.params.mode}")
             return ",".join(str(b) for b in outcome.batch_ids)
 
         batch_ids = plan()

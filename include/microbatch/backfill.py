@@ -1,16 +1,24 @@
-"""Backfills by offset range or time range, mode `fill`: a ledger entry of their own.
+"""Backfills by offset range or time range: a ledger entry of their own, in two modes.
 
-A backfill never moves the scheduled cursor. `fill` processes only the sub-ranges of the request
-that no committed batch covers and that lie below the scheduled position (offsets at or after
-it are left to the scheduled runs, so the two never collide). Overlap is checked again inside
-the commit transaction and enforced by the exclusion constraint.
+A backfill never moves the scheduled cursor.
+- `fill` processes only the sub-ranges of the request that no committed batch covers and that lie
+  below the scheduled position (offsets at or after it are left to the scheduled runs, so the two
+  never collide).
+- `replay` recomputes ranges that were already committed and replaces their contribution. The
+  request is widened to whole committed ranges (a (batch, partition) contribution is the unit a
+  sink keeps); one replay batch per original batch, started from that batch's state, so a replay
+  with an unchanged job reproduces the original exactly.
 
-The pure part (`BackfillParams`, `subtract`, `plan_fill`) does no I/O; `plan_backfill` reads the
-ledger and the broker and inserts the batch.
+Overlap is checked again inside the commit transaction and enforced by the exclusion constraint.
+A request that overlaps a batch still open is refused until that batch ends.
+
+The pure part (`BackfillParams`, `subtract`, `plan_fill`, `plan_replay`) does no I/O;
+`plan_backfill` reads the ledger and the broker and inserts the batches.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 from collections.abc import Mapping
@@ -36,21 +44,23 @@ class BackfillParams(BaseModel):
     partitions: list[int] | Literal["all"] = "all"
     start: int | datetime
     """First offset, or a time resolved with offsets-for-times (the first offset at or after it)."""
-    end: int | datetime
-    """End offset (exclusive), or a time resolved the same way."""
+    end: int | datetime | Literal["latest"]
+    """End offset (exclusive), a time resolved the same way, or `latest` (each partition's end)."""
     mode: Literal["fill", "replay"] = "fill"
     dry_run: bool = False
 
     @model_validator(mode="after")
     def _consistent(self) -> BackfillParams:
+        if self.end == "latest":
+            if isinstance(self.start, int) and self.start < 0:
+                raise ValueError("start must be at least 0")
+            return self
         if isinstance(self.start, datetime) != isinstance(self.end, datetime):
             raise ValueError("start and end must both be offsets or both be times")
         if isinstance(self.start, int) and (self.start < 0 or self.end <= self.start):  # type: ignore[operator]
             raise ValueError("end must be greater than start, and start at least 0")
         if isinstance(self.start, datetime) and self.end <= self.start:  # type: ignore[operator]
             raise ValueError("end must be after start")
-        if self.mode == "replay":
-            raise ValueError("mode 'replay' is not available yet; use 'fill'")
         return self
 
 
@@ -124,6 +134,60 @@ def plan_fill(
     return plan
 
 
+@dataclass(frozen=True)
+class CommittedRange:
+    """A committed range of the ledger, with its row id and the batch that committed it."""
+
+    range_id: int
+    batch_id: int
+    range: OffsetRange
+
+
+@dataclass
+class ReplayPlan:
+    """What a `replay` backfill will do, before anything runs."""
+
+    replace: list[CommittedRange] = field(default_factory=list)
+    never_committed: list[OffsetRange] = field(default_factory=list)
+    widened: list[tuple[OffsetRange, OffsetRange]] = field(default_factory=list)
+    """(requested, replayed) for each partition whose request was widened to whole committed ranges."""
+
+    @property
+    def records(self) -> int:
+        return sum(c.range.size for c in self.replace)
+
+    def by_batch(self) -> dict[int, list[CommittedRange]]:
+        """The replaced ranges grouped by the batch that committed them: one replay batch each."""
+        groups: dict[int, list[CommittedRange]] = {}
+        for c in sorted(self.replace, key=lambda c: (c.batch_id, c.range)):
+            groups.setdefault(c.batch_id, []).append(c)
+        return groups
+
+
+def plan_replay(requests: list[OffsetRange], committed: list[CommittedRange]) -> ReplayPlan:
+    """Every committed range that overlaps a request is replayed whole; parts of a request that no
+    committed range covers are reported (a replay of them is refused: use `fill`)."""
+    plan = ReplayPlan()
+    for request in requests:
+        hits = sorted((c for c in committed if c.range.tp == request.tp and c.range.end > request.start
+                       and c.range.start < request.end), key=lambda c: c.range)
+        plan.never_committed.extend(subtract(request, [c.range for c in hits]))
+        plan.replace.extend(hits)
+        if hits:
+            low, high = hits[0].range.start, max(c.range.end for c in hits)
+            if low < request.start or high > request.end:
+                plan.widened.append((request, OffsetRange(request.topic, request.partition, low, high)))
+    return plan
+
+
+def open_overlaps(
+    ranges: list[OffsetRange], open_ranges: list[tuple[int, str, OffsetRange]]
+) -> list[tuple[OffsetRange, int, str]]:
+    """(range, open batch id, its state) for each range that overlaps a batch still open."""
+    return [(r, batch_id, state) for r in ranges for batch_id, state, o in open_ranges
+            if o.tp == r.tp and o.end > r.start and o.start < r.end]
+
+
 def layers(ranges: list[OffsetRange]) -> list[list[OffsetRange]]:
     """Group ranges so each group has at most one range per partition (one backfill batch each)."""
     groups: list[list[OffsetRange]] = []
@@ -143,6 +207,9 @@ class BackfillOutcome:
     requests: list[OffsetRange]
     plan: FillPlan
     batch_ids: list[int]
+    replay: ReplayPlan | None = None
+    affected_rows: dict[str, tuple[int, object, object]] = field(default_factory=dict)
+    """Replay: sink -> (rows whose contribution is replaced, first window start, last window end)."""
 
 
 def plan_backfill(
@@ -172,16 +239,25 @@ def plan_backfill(
             )
         earliest, latest = offset_bounds(consumer, wanted)
         bounds: dict[TopicPartition, tuple[int, int]] = {}
+        no_offset_for_start = 0
         for tp in wanted:
             if isinstance(params.start, datetime):
                 ktp = KafkaTopicPartition(tp.topic, tp.partition)
                 first = consumer.offsets_for_times({ktp: _epoch_ms(params.start)})[ktp]
-                last = consumer.offsets_for_times({ktp: _epoch_ms(params.end)})[ktp]  # type: ignore[arg-type]
+                no_offset_for_start += first is None
                 start = first.offset if first else latest[tp]
-                end = last.offset if last else latest[tp]
+                end = latest[tp]
+                if params.end != "latest":
+                    last = consumer.offsets_for_times({ktp: _epoch_ms(params.end)})[ktp]  # type: ignore[arg-type]
+                    end = last.offset if last else latest[tp]
             else:
-                start, end = int(params.start), int(params.end)  # type: ignore[arg-type]
-            end = min(end, latest[tp])  # "up to offset N" on a shorter partition means up to its end
+                start = int(params.start)  # type: ignore[arg-type]
+                end = latest[tp] if params.end == "latest" else int(params.end)  # type: ignore[arg-type]
+                if end > latest[tp]:
+                    raise SpecError(
+                        f"Backfill parameter 'end': {end} is beyond the latest offset of {tp} ({latest[tp]}).",
+                        fix="Use an end at or below it, or end 'latest' to go up to each partition's end.",
+                    )
             if start < earliest[tp] and start < end:
                 raise SpecError(
                     f"Backfill range {tp} [{start}, {end}) starts before the earliest offset Kafka still holds "
@@ -189,12 +265,21 @@ def plan_backfill(
                     fix=f"Start at {earliest[tp]} or later.",
                 )
             bounds[tp] = (start, end)
+        if wanted and no_offset_for_start == len(wanted):
+            raise SpecError(
+                f"Backfill parameter 'start': no record of {params.topic} has a timestamp at or after "
+                f"{params.start}, so the time resolves to no offset.",
+                fix="Pick an earlier start time, or give offsets.",
+            )
     requests = [OffsetRange(tp.topic, tp.partition, s, e) for tp, (s, e) in sorted(bounds.items()) if e > s]
     with transaction(ledger_url) as session:
         pipeline = repo.ensure_pipeline(session, spec, lock=True)
-        committed = repo.committed_ranges(session, pipeline.id)
         positions = repo.read_positions(session, pipeline.id)
+        if params.mode == "replay":
+            return _plan_replay(session, spec, pipeline, params, requests, airflow_run_id)
+        committed = repo.committed_ranges(session, pipeline.id)
         fill = plan_fill(requests, committed, positions)
+        _refuse_open_overlaps(spec.name, fill.todo, repo.open_ranges(session, pipeline.id))
         batch_ids: list[int] = []
         if not params.dry_run:
             for group in layers(fill.todo):
@@ -203,6 +288,69 @@ def plan_backfill(
                 batch.state_before = {}  # history: no watermark, so nothing in it is late
                 batch_ids.append(batch.id)
     return BackfillOutcome(params, requests, fill, batch_ids)
+
+
+def _refuse_open_overlaps(
+    pipeline: str, ranges: list[OffsetRange], open_ranges: list[tuple[int, str, OffsetRange]]
+) -> None:
+    clash = open_overlaps(ranges, open_ranges)
+    if clash:
+        r, batch_id, state = clash[0]
+        raise SpecError(
+            f"Backfill range {r} overlaps batch {batch_id}, which is still {state}; nothing was written.",
+            fix=f"Retry when batch {batch_id} has ended; if the run that owns it is gone, close it with "
+            f"`microbatch abandon {pipeline} {batch_id}`.",
+        )
+
+
+def _plan_replay(session, spec: PipelineSpec, pipeline, params: BackfillParams,  # noqa: ANN001
+                 requests: list[OffsetRange], airflow_run_id: str | None) -> BackfillOutcome:
+    from sqlalchemy import text
+
+    from microbatch.ledger import repository as repo
+    from microbatch.ledger.models import BatchKind
+
+    replay = plan_replay(requests, repo.committed_range_rows(session, pipeline.id))
+    if replay.never_committed:
+        first = replay.never_committed[0]
+        raise SpecError(
+            f"Backfill mode 'replay': {first} was never committed, so there is nothing to replay"
+            f"{f' (and {len(replay.never_committed) - 1} more range(s))' if len(replay.never_committed) > 1 else ''}.",
+            fix="Narrow the range to committed offsets (`microbatch history`), or use mode 'fill' for these.",
+        )
+    _refuse_open_overlaps(spec.name, [c.range for c in replay.replace], repo.open_ranges(session, pipeline.id))
+    groups = replay.by_batch()
+    missing = repo.batches_without_contributions(session, list(groups))
+    if missing:
+        raise SpecError(
+            f"Backfill mode 'replay': batch {missing[0]} was committed before per-partition contributions were "
+            "kept (migration 0005), so its output cannot be retracted.",
+            fix="Replay only ranges committed since that upgrade (`microbatch history`).",
+        )
+    affected: dict[str, tuple[int, object, object]] = {}
+    keys = [{"b": c.batch_id, "t": c.range.topic, "n": c.range.partition} for c in replay.replace]
+    for sink in spec.aggregate_sinks:
+        if not keys:
+            break
+        window = sink.window
+        span = (f', min("{window.start}"), max("{window.end}")' if window else ", NULL, NULL")
+        rows, low, high = session.execute(
+            text(f'SELECT count(*){span} FROM "{sink.contributions_table}" c '
+                 "JOIN jsonb_to_recordset(CAST(:keys AS jsonb)) AS k(b bigint, t text, n int) "
+                 "ON c.batch_id = k.b AND c.topic = k.t AND c.partition = k.n"),
+            {"keys": json.dumps(keys)},
+        ).one()
+        affected[sink.name] = (rows, low, high)
+    batch_ids: list[int] = []
+    if not params.dry_run:
+        for original_id, replaced in groups.items():
+            original = repo.get_batch(session, original_id)
+            batch = repo.insert_batch(session, pipeline, Plan(ranges=tuple(c.range for c in replaced)),
+                                      kind=BatchKind.REPLAY, airflow_run_id=airflow_run_id)
+            batch.state_before = dict(original.state_before or {})  # replay from the original's state
+            batch.replaces = [c.range_id for c in replaced]
+            batch_ids.append(batch.id)
+    return BackfillOutcome(params, requests, FillPlan(), batch_ids, replay=replay, affected_rows=affected)
 
 
 def _epoch_ms(value: datetime) -> int:

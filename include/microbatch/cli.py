@@ -101,9 +101,11 @@ def backfill(
     pipeline: str,
     topic: Annotated[str, typer.Option(help="The topic to backfill.")],
     start: Annotated[str, typer.Option(help="First offset, or an ISO-8601 time.")],
-    end: Annotated[str, typer.Option(help="End offset (exclusive), or an ISO-8601 time.")],
+    end: Annotated[str, typer.Option(help="End offset (exclusive), an ISO-8601 time, or latest.")],
     partitions: Annotated[str, typer.Option(help='"all" or a comma-separated list, e.g. 0,2.')] = "all",
-    mode: Annotated[str, typer.Option(help="fill (only never-committed offsets).")] = "fill",
+    mode: Annotated[str, typer.Option(
+        help="fill (only never-committed offsets) or replay (recompute committed offsets, replace their output).",
+    )] = "fill",
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the plan; write nothing.")] = False,
 ) -> None:
     """Run the pipeline's backfill DAG (the same as triggering <pipeline>__backfill in the UI)."""
@@ -121,6 +123,30 @@ def backfill(
     console.print(f"{outcome.run_id}: {outcome.state} {outcome.task_states}")
     if outcome.state != "success":
         raise typer.Exit(1)
+
+
+@app.command()
+def abandon(
+    pipeline: str,
+    batch: Annotated[int, typer.Argument(help="The open batch id (see `microbatch history`).")],
+    yes: Annotated[bool, typer.Option("--yes", help="Do not ask for confirmation.")] = False,
+) -> None:
+    """Close an open (planned or staged) batch whose run is gone, so its ranges can be planned again."""
+    from microbatch.ledger import queries
+    from microbatch.ledger import repository as repo
+    from microbatch.ledger.database import transaction
+
+    if not yes and not typer.confirm(f"Abandon batch {batch} of {pipeline}? Its staged work is discarded."):
+        raise typer.Exit(1)
+    with transaction(_ledger_url()) as session:
+        pid = queries.pipeline_id(session, pipeline)
+        if pid is None:
+            _fail(MicrobatchError(f"The ledger has no pipeline '{pipeline}'.", fix="Check the name."))
+        was = repo.abandon_open_batch(session, pid, batch, "abandoned by an operator (microbatch abandon)")
+    if was is None:
+        _fail(MicrobatchError(f"Batch {batch} of {pipeline} is not open (planned or staged); nothing changed.",
+                              fix="See `microbatch history` for its state."))
+    console.print(f"batch {batch} of {pipeline}: {was} -> abandoned; its ranges can be planned again")
 
 
 @app.command()

@@ -335,6 +335,11 @@ class PostgresAggregateSink(_Strict):
         return f"stage_{self.table}"
 
     @property
+    def contributions_table(self) -> str:
+        """Every committed (batch, topic, partition) partial aggregate, kept so a replay can retract it."""
+        return f"{self.table}_contributions"
+
+    @property
     def columns(self) -> list[str]:
         return [*self.keys, *self.sum_columns]
 

@@ -71,6 +71,11 @@ def log_commit_summary(log: logging.Logger, pipeline: str, result: CommitResult)
     log.info("commit %s: batch %s attempt %s committed in %.3fs: %s, %s dead letter(s)", pipeline, result.batch_id,
              result.attempt, result.seconds,
              ", ".join(f"{n} rows merged into {s}" for s, n in result.rows_by_sink.items()), result.dead_letters)
+    for original, replaced in result.replaced:
+        log.info("  replaced %s of batch %s (kept for the audit, superseded by batch %s)", replaced, original,
+                 result.batch_id)
+    for sink, rows in result.retracted_rows.items():
+        log.info("  retracted the old contribution from %s rows of %s", rows, sink)
     for move in result.moves:
         before = "new" if move.before is None else move.before
         log.info("  position %s: %s -> %s", move.tp, before, move.after)
@@ -79,7 +84,8 @@ def log_commit_summary(log: logging.Logger, pipeline: str, result: CommitResult)
     if result.watermark_after is not None:
         log.info("  watermark %s -> %s", _micros(result.watermark_before), _micros(result.watermark_after))
     for sink, (first, last) in result.outbox.items():
-        log.info("  %s window(s) became final: outbox %s seq %s..%s", last - first + 1, sink, first, last)
+        what = "correction(s) of published windows" if result.replaced or not result.moves else "window(s) became final"
+        log.info("  %s %s: outbox %s seq %s..%s", last - first + 1, what, sink, first, last)
 
 
 def _micros(value: int | None) -> str:
@@ -103,6 +109,20 @@ def log_backfill_plan(log: logging.Logger, pipeline: str, outcome: BackfillOutco
     log.info("backfill %s: mode %s%s, topic %s, requested %s", pipeline, params.mode,
              " (dry run: nothing is written)" if params.dry_run else "", params.topic,
              ", ".join(str(r) for r in outcome.requests) or "nothing")
+    replay = outcome.replay
+    if replay is not None:
+        for requested, replayed in replay.widened:
+            log.info("  widened %s to whole committed batches: %s", requested, replayed)
+        for c in replay.replace:
+            log.info("  to replay %s: %s records, replacing the contribution of batch %s", c.range, c.range.size,
+                     c.batch_id)
+        for sink, (rows, low, high) in outcome.affected_rows.items():
+            log.info("  affected %s: %s row contribution(s) retracted and recomputed, windows %s .. %s", sink, rows,
+                     low, high)
+        if outcome.batch_ids:
+            log.info("  %s records in replay batch(es) %s (one per original batch)", replay.records,
+                     ", ".join(str(b) for b in outcome.batch_ids))
+        return
     for r in outcome.plan.todo:
         log.info("  to fill %s: %s records", r, r.size)
     for r in outcome.plan.already_committed:

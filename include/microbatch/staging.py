@@ -178,7 +178,14 @@ def stage_batch(
     for sink in spec.aggregate_sinks:
         if sink.name not in outputs:
             raise SpecError(f"{spec.name}: the job produced no output for sink '{sink.name}'.")
-        out = outputs[sink.name].select(*tag, *sink.columns).persist(StorageLevel.MEMORY_AND_DISK)
+        missing = [c for c in ("topic", "partition", *sink.columns) if c not in outputs[sink.name].columns]
+        if missing:
+            raise SpecError(
+                f"{spec.name}: the job's output for sink '{sink.name}' lacks the column(s) {', '.join(missing)}.",
+                fix="Return the sink's columns plus the source topic and partition (group by them as well).",
+            )
+        out = outputs[sink.name].select(*tag, "topic", "partition", *sink.columns).persist(
+            StorageLevel.MEMORY_AND_DISK)
         rows_by_sink[sink.name] = out.count()
         _write_staging(out, sink.staging_table, jdbc)
         out.unpersist()

@@ -39,5 +39,6 @@ class SparkJob(Protocol):
     def outputs(
         self, parsed: DataFrame, options: Mapping[str, Any], state: Mapping[str, Any]
     ) -> dict[str, DataFrame]:
-        """Sink name -> the rows to stage for it, with exactly that sink's columns; `parsed` holds
-        only good, on-time rows."""
+        """Sink name -> the rows to stage for it: that sink's columns plus the source `topic` and
+        `partition` (group by them too). `parsed` holds only good, on-time rows. The platform keeps
+        each partition's partial aggregate, so a replay of one partition retracts exactly its part."""

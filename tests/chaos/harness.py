@@ -249,10 +249,10 @@ class Harness:
         """A fill over the whole topic while the scheduled runs go on: it may only take what nobody committed."""
         log = (self.work / "runs.log").open("a")
         runner = subprocess.Popen([sys.executable, "-m", "microbatch.cli", "backfill", "ip_count", "--topic", SOURCE,
-                                   "--start", "0", "--end", "100000000"], env=self.env, stdout=log,
+                                   "--start", "0", "--end", "latest"], env=self.env, stdout=log,
                                   stderr=subprocess.STDOUT, start_new_session=True)
         self.runners.append(runner)
-        return "backfill over [0, end) started"
+        return "backfill over [0, latest) started"
 
     def _staged_batch(self) -> bool:
         try:

@@ -1,9 +1,14 @@
 """Backfill `fill` end to end: history that lies before the pipeline's starting position is loaded
-by the backfill DAG, without moving the scheduled cursor, exactly once, and published as
-corrections; a dry run writes nothing; a second identical backfill does nothing."""
+by the backfill DAG while the scheduled runs process new data on the same partitions, at the same
+moment, in two processes; exactly once, without moving the scheduled cursor, and published as
+corrections; a dry run writes nothing and announces what the fill then does; a second identical
+backfill does nothing."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from datetime import UTC, datetime
 
 import pytest
@@ -13,9 +18,19 @@ from microbatch.config import find_spec
 from microbatch.datagen import generate_lines, produce_lines
 from microbatch.ledger import repository as repo
 from microbatch.ledger.database import transaction
-from tests.e2e.helpers import assert_exactly_once, cli, read_output, run_pipeline, write_test_spec
+from tests.e2e.helpers import assert_exactly_once, cli, read_output, write_test_spec
 
 pytestmark = pytest.mark.e2e
+
+
+def spawn(env: dict[str, str], *args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-m", "microbatch.cli", *args], env={**os.environ, **env},
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def fill_lines(output: str) -> list[str]:
+    return sorted(line.split("  to fill ", 1)[1].split(" [microbatch]")[0]
+                  for line in output.splitlines() if "  to fill " in line)
 
 
 def positions(url: str) -> dict[int, int]:
@@ -43,31 +58,43 @@ def test_fill_history_before_the_start_position(service_env, topic, kafka, ledge
     live = generate_lines(1_500, ips=15, span_seconds=30, malformed=0.02, seed=42,
                           start=datetime(2026, 11, 22, 12, 0, 0, tzinfo=UTC))
     live_coords = produce_lines(kafka.bootstrap_servers, topic, live)
-    scheduled = run_pipeline(env)
-    assert scheduled.returncode == 0, scheduled.stdout[-3000:]
     cursor = positions(ledger_url)
 
-    dry = cli(env, "backfill", "ip_count", "--topic", topic, "--start", "0", "--end", "1000000", "--dry-run")
+    dry = cli(env, "backfill", "ip_count", "--topic", topic, "--start", "0", "--end", "latest", "--dry-run")
     assert dry.returncode == 0, dry.stdout[-3000:] + dry.stderr[-2000:]
     log = dry.stdout + dry.stderr
     assert "dry run: nothing is written" in log
-    assert "to fill" in log and "already committed, skipped" in log
+    assert "to fill" in log and "at or after the scheduled position, left to the scheduled runs" in log
     with transaction(ledger_url) as session:
         assert session.execute(text("SELECT count(*) FROM batches WHERE kind = 'backfill'")).scalar_one() == 0
 
-    done = cli(env, "backfill", "ip_count", "--topic", topic, "--start", "0", "--end", "1000000")
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
-    assert positions(ledger_url) == cursor, "a backfill must not move the scheduled cursor"
-    expected = assert_exactly_once(ledger_url, env, history + live, history_coords + live_coords)
+    # The scheduled runs (the live data) and the fill (the history) run at the same moment, on the
+    # same partitions, each in its own process.
+    scheduled = spawn(env, "run", "ip_count", "--max-runs", "10")
+    filling = spawn(env, "backfill", "ip_count", "--topic", topic, "--start", "0", "--end", "latest")
+    done_out, _ = filling.communicate(timeout=900)
+    scheduled_out, _ = scheduled.communicate(timeout=900)
+    assert scheduled.returncode == 0, scheduled_out[-3000:]
+    assert filling.returncode == 0, done_out[-3000:]
+    assert fill_lines(done_out) == fill_lines(log), "the dry run announced what the fill did"
+    with transaction(ledger_url) as session:
+        spans = session.execute(text(
+            "SELECT kind, created_at, committed_at FROM batches WHERE state = 'committed'")).all()
+    fills = [(c, d) for kind, c, d in spans if kind == "backfill"]
+    runs = [(c, d) for kind, c, d in spans if kind == "scheduled"]
+    assert fills and runs
+    assert any(a < d and c < b for a, b in fills for c, d in runs), "the fill and a scheduled batch overlapped in time"
+    assert positions(ledger_url) != cursor
+    # Every final window is published exactly once with its exact count. History windows are published
+    # as corrections when the fill committed after the live watermark existed, else as plain finals.
+    expected = assert_exactly_once(ledger_url, env, history + live, history_coords + live_coords,
+                                   output_topic=f"{topic}_out")
     assert not (expected.late & set(history_coords))
-
-    # The history windows were already final: they are published again, marked as corrections.
     published = read_output(kafka.bootstrap_servers, f"{topic}_out")
-    corrections = [v for _, v in published if v.get("correction")]
-    history_windows = {(start, ip) for (start, ip) in expected.counts if start.hour == 11}
-    assert len(corrections) == len(history_windows)
+    corrections = {datetime.fromisoformat(v["window_start"]).hour for _, v in published if v.get("correction")}
+    assert corrections <= {11}, "only history windows are corrections"
 
-    again = cli(env, "backfill", "ip_count", "--topic", topic, "--start", "0", "--end", "1000000")
+    again = cli(env, "backfill", "ip_count", "--topic", topic, "--start", "0", "--end", "latest")
     assert again.returncode == 0
     with transaction(ledger_url) as session:
         backfills = session.execute(text("SELECT count(*) FROM batches WHERE kind = 'backfill'")).scalar_one()

@@ -4,7 +4,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from microbatch.backfill import layers, parse_params, plan_fill, subtract
+from microbatch.backfill import CommittedRange, layers, open_overlaps, parse_params, plan_fill, plan_replay, subtract
 from microbatch.config import find_spec
 from microbatch.errors import SpecError
 from microbatch.planning import OffsetRange, TopicPartition
@@ -55,3 +55,33 @@ def test_params_are_validated_with_the_field_named():
         parse_params(spec, {"topic": "ip_count_source", "start": 0, "end": "2026-11-22T12:00:00Z"})
     with pytest.raises(SpecError, match="Backfill parameter 'colour'"):
         parse_params(spec, {"topic": "ip_count_source", "start": 0, "end": 5, "colour": "red"})
+    with pytest.raises(SpecError, match="Backfill parameter 'mode'"):
+        parse_params(spec, {"topic": "ip_count_source", "start": 0, "end": 5, "mode": "redo"})
+    with pytest.raises(SpecError, match="start must be at least 0"):
+        parse_params(spec, {"topic": "ip_count_source", "start": -1, "end": "latest"})
+    latest = parse_params(spec, {"topic": "ip_count_source", "start": 0, "end": "latest", "mode": "replay"})
+    assert (latest.end, latest.mode) == ("latest", "replay")
+
+
+def test_replay_is_widened_to_whole_committed_ranges_one_batch_per_original():
+    committed = [CommittedRange(1, 10, r(0, 0, 100)), CommittedRange(2, 10, r(1, 0, 90)),
+                 CommittedRange(3, 11, r(0, 100, 250)), CommittedRange(4, 12, r(0, 250, 300))]
+    plan = plan_replay([r(0, 50, 120)], committed)
+    assert [c.range_id for c in plan.replace] == [1, 3]
+    assert plan.widened == [(r(0, 50, 120), r(0, 0, 250))]
+    assert plan.never_committed == []
+    assert plan.records == 250
+    assert {b: [c.range for c in cs] for b, cs in plan.by_batch().items()} == {10: [r(0, 0, 100)],
+                                                                               11: [r(0, 100, 250)]}
+    exact = plan_replay([r(0, 100, 250)], committed)
+    assert exact.widened == [] and [c.range_id for c in exact.replace] == [3]
+
+
+def test_replay_reports_offsets_never_committed():
+    plan = plan_replay([r(0, 250, 400), r(2, 0, 5)], [CommittedRange(4, 12, r(0, 250, 300))])
+    assert plan.never_committed == [r(0, 300, 400), r(2, 0, 5)]
+
+
+def test_a_range_overlapping_an_open_batch_is_found():
+    open_ranges = [(7, "staged", r(0, 100, 200)), (8, "planned", r(1, 0, 10))]
+    assert open_overlaps([r(0, 150, 160), r(1, 10, 20)], open_ranges) == [(r(0, 150, 160), 7, "staged")]

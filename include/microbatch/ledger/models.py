@@ -48,6 +48,12 @@ OPEN_STATES = (BatchState.PLANNED.value, BatchState.STAGED.value)
 class BatchKind(StrEnum):
     SCHEDULED = "scheduled"
     BACKFILL = "backfill"
+    """Mode `fill`: offsets never committed, below the scheduled position."""
+    REPLAY = "replay"
+    """Mode `replay`: recomputes committed ranges and replaces their contribution."""
+
+
+BACKFILL_KINDS = (BatchKind.BACKFILL.value, BatchKind.REPLAY.value)
 
 
 class Pipeline(Base):
@@ -93,6 +99,8 @@ class Batch(Base):
     timings: Mapped[dict[str, Any]] = mapped_column(default=dict)
     airflow_run_id: Mapped[str | None] = mapped_column(Text)
     error: Mapped[str | None] = mapped_column(Text)
+    replaces: Mapped[list[int] | None] = mapped_column(JSONB)
+    """Replay batches: the ids of the committed ranges this batch replaces."""
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
     staged_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     committed_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
@@ -115,6 +123,8 @@ class Range(Base):
     start_offset: Mapped[int] = mapped_column(BigInteger)
     end_offset: Mapped[int] = mapped_column(BigInteger)
     committed: Mapped[bool] = mapped_column(Boolean, default=False)
+    superseded_by: Mapped[int | None] = mapped_column(ForeignKey("batches.id"))
+    """The replay batch that replaced this committed range (then no longer `committed`)."""
 
 
 class LedgerGap(Base):

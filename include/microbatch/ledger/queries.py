@@ -125,16 +125,18 @@ def batch_history(session: Session, pipeline: int, limit: int = 20) -> list[Batc
 
 
 def backfill_batches(session: Session, pipeline: int, limit: int = 20) -> list[BatchSummary]:
-    """The most recent backfills (batches of kind `backfill`), newest first: what each one re-read."""
-    return _batches(session, pipeline, limit, kind="backfill")
+    """The most recent backfills (batches of kind `backfill` or `replay`), newest first: what each one re-read."""
+    return _batches(session, pipeline, limit, kind="backfill,replay")
 
 
 def _batches(session: Session, pipeline: int, limit: int, kind: str | None) -> list[BatchSummary]:
     rows = session.execute(
         text(
             "SELECT b.*, (SELECT string_agg(r.topic || '[' || r.partition || '] [' || r.start_offset || ', ' "
-            "|| r.end_offset || ')', ' ' ORDER BY r.topic, r.partition) FROM ranges r WHERE r.batch_id = b.id) "
-            "AS range_text FROM batches b WHERE b.pipeline_id = :p AND (CAST(:k AS text) IS NULL OR b.kind = :k) "
+            "|| r.end_offset || ')' || coalesce(' replaced by ' || r.superseded_by, ''), ' ' "
+            "ORDER BY r.topic, r.partition) FROM ranges r WHERE r.batch_id = b.id) "
+            "AS range_text FROM batches b WHERE b.pipeline_id = :p "
+            "AND (CAST(:k AS text) IS NULL OR b.kind = ANY(string_to_array(:k, ','))) "
             "ORDER BY b.id DESC LIMIT :n"
         ),
         {"p": pipeline, "n": limit, "k": kind},

@@ -10,6 +10,7 @@ from sqlalchemy import select, text, update
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
+from microbatch.backfill import CommittedRange
 from microbatch.config import PipelineSpec
 from microbatch.errors import MicrobatchError, ZombieAttemptError
 from microbatch.ledger.models import (
@@ -187,6 +188,35 @@ def committed_ranges(session: Session, pipeline_id: int) -> list[OffsetRange]:
     return [OffsetRange(*row) for row in rows]
 
 
+def committed_range_rows(session: Session, pipeline_id: int) -> list[CommittedRange]:
+    """Committed ranges with their row ids and batches (what a replay may replace)."""
+    rows = session.execute(
+        select(Range.id, Range.batch_id, Range.topic, Range.partition, Range.start_offset, Range.end_offset)
+        .where(Range.pipeline_id == pipeline_id, Range.committed.is_(True))
+        .order_by(Range.topic, Range.partition, Range.start_offset)
+    )
+    return [CommittedRange(row[0], row[1], OffsetRange(*row[2:])) for row in rows]
+
+
+def open_ranges(session: Session, pipeline_id: int) -> list[tuple[int, str, OffsetRange]]:
+    """(batch id, state, range) of every batch that is planned or staged."""
+    rows = session.execute(
+        select(Batch.id, Batch.state, Range.topic, Range.partition, Range.start_offset, Range.end_offset)
+        .join(Range, Range.batch_id == Batch.id)
+        .where(Batch.pipeline_id == pipeline_id, Batch.state.in_(OPEN_STATES))
+    )
+    return [(row[0], row[1], OffsetRange(*row[2:])) for row in rows]
+
+
+def batches_without_contributions(session: Session, batch_ids: list[int]) -> list[int]:
+    """Committed batches whose per-partition contributions were not kept (committed before 0005)."""
+    if not batch_ids:
+        return []
+    rows = session.scalars(select(Batch.id).where(Batch.id.in_(batch_ids)).where(
+        Batch.counts["contributions"].astext.is_distinct_from("true")).order_by(Batch.id))
+    return list(rows)
+
+
 def committed_gaps(session: Session, pipeline_id: int) -> list[Gap]:
     # Gaps of committed batches, and gaps an operator recorded with `microbatch reset` (no batch).
     rows = session.execute(
@@ -272,3 +302,17 @@ def abandon_batch(session: Session, batch_id: int, reason: str) -> bool:
         .where(Batch.id == batch_id, Batch.state == BatchState.PLANNED.value)
         .values(state=BatchState.ABANDONED.value, error=reason[:2000])
     ).rowcount == 1
+
+
+def abandon_open_batch(session: Session, pipeline_id: int, batch_id: int, reason: str) -> str | None:
+    """Close a planned or staged batch of the pipeline so its ranges are never committed; returns the
+    state it had, or None if it was not open. Safe against a live run: its commit locks the batch row
+    and refuses a batch that is no longer staged."""
+    batch = session.scalars(select(Batch).where(Batch.id == batch_id, Batch.pipeline_id == pipeline_id)
+                            .with_for_update()).one_or_none()
+    if batch is None or batch.state not in OPEN_STATES:
+        return None
+    was = batch.state
+    batch.state = BatchState.ABANDONED.value
+    batch.error = reason[:2000]
+    return was
