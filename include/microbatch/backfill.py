@@ -51,16 +51,15 @@ class BackfillParams(BaseModel):
 
     @model_validator(mode="after")
     def _consistent(self) -> BackfillParams:
+        # Messages start with the field they are about: parse_params names it.
+        if isinstance(self.start, int) and self.start < 0:
+            raise ValueError("start: an offset is at least 0")
         if self.end == "latest":
-            if isinstance(self.start, int) and self.start < 0:
-                raise ValueError("start must be at least 0")
             return self
         if isinstance(self.start, datetime) != isinstance(self.end, datetime):
-            raise ValueError("start and end must both be offsets or both be times")
-        if isinstance(self.start, int) and (self.start < 0 or self.end <= self.start):  # type: ignore[operator]
-            raise ValueError("end must be greater than start, and start at least 0")
-        if isinstance(self.start, datetime) and self.end <= self.start:  # type: ignore[operator]
-            raise ValueError("end must be after start")
+            raise ValueError("end: start and end must both be offsets or both be times")
+        if self.end <= self.start:  # type: ignore[operator]
+            raise ValueError("end: must be greater than start")
         return self
 
 
@@ -74,8 +73,11 @@ def parse_params(spec: PipelineSpec, raw: Mapping[str, object]) -> BackfillParam
         params = BackfillParams.model_validate(values)
     except ValidationError as exc:
         first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"]) or "parameters"
-        raise SpecError(f"Backfill parameter '{where}': {first['msg'].removeprefix('Value error, ')}.") from None
+        where = ".".join(str(p) for p in first["loc"])
+        message = first["msg"].removeprefix("Value error, ")
+        if not where:
+            where, _, message = message.partition(": ")
+        raise SpecError(f"Backfill parameter '{where}': {message}.") from None
     pattern = spec.source.topic_pattern
     if not (params.topic in spec.source.topics or (pattern and re.fullmatch(pattern, params.topic))):
         raise SpecError(

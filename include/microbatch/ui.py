@@ -27,6 +27,7 @@ from sqlalchemy.exc import OperationalError
 from microbatch.errors import MicrobatchError
 from microbatch.ledger import queries
 from microbatch.ledger.database import transaction, unreachable
+from microbatch.ledger.models import BACKFILL_KINDS
 from microbatch.planning import TopicPartition
 
 log = logging.getLogger(__name__)
@@ -75,7 +76,7 @@ class PipelineView:
 
 
 def dag_id_of(pipeline: str, kind: str) -> str:
-    return pipeline + BACKFILL_DAG_SUFFIX if kind == "backfill" else pipeline
+    return pipeline + BACKFILL_DAG_SUFFIX if kind in BACKFILL_KINDS else pipeline
 
 
 def dag_run_path(pipeline: str, batch: queries.BatchSummary) -> str | None:

@@ -49,15 +49,15 @@ def test_params_are_validated_with_the_field_named():
     assert times.start == datetime(2026, 11, 22, 12, tzinfo=UTC)
     with pytest.raises(SpecError, match="Backfill parameter 'topic': 'nope' is not a topic of pipeline ip_count"):
         parse_params(spec, {"topic": "nope", "start": 0, "end": 5})
-    with pytest.raises(SpecError, match="end must be greater than start"):
+    with pytest.raises(SpecError, match="Backfill parameter 'end': must be greater than start"):
         parse_params(spec, {"topic": "ip_count_source", "start": 9, "end": 5})
-    with pytest.raises(SpecError, match="both be offsets or both be times"):
+    with pytest.raises(SpecError, match="Backfill parameter 'end': start and end must both be offsets or both"):
         parse_params(spec, {"topic": "ip_count_source", "start": 0, "end": "2026-11-22T12:00:00Z"})
     with pytest.raises(SpecError, match="Backfill parameter 'colour'"):
         parse_params(spec, {"topic": "ip_count_source", "start": 0, "end": 5, "colour": "red"})
     with pytest.raises(SpecError, match="Backfill parameter 'mode'"):
         parse_params(spec, {"topic": "ip_count_source", "start": 0, "end": 5, "mode": "redo"})
-    with pytest.raises(SpecError, match="start must be at least 0"):
+    with pytest.raises(SpecError, match="Backfill parameter 'start': an offset is at least 0"):
         parse_params(spec, {"topic": "ip_count_source", "start": -1, "end": "latest"})
     latest = parse_params(spec, {"topic": "ip_count_source", "start": 0, "end": "latest", "mode": "replay"})
     assert (latest.end, latest.mode) == ("latest", "replay")
