@@ -4,7 +4,9 @@ Input lines are nginx access-log lines; only the client IP and the time are used
     203.0.113.7 - - [22/Nov/2026:23:00:01 +0000] "GET / HTTP/1.1" 200 512 "-" "curl/8"
 A line without both is a dead letter. Output rows are partial counts of this batch, per source
 partition; the commit adds them to `ip_counts`, so a window that spans batches stays exact.
-Option `exclude_ips` (a list) leaves those clients out of the counts: changing it and replaying a
+An event time more than `max_event_time_ahead_seconds` (default one day) ahead of the record's
+Kafka timestamp is a dead letter: one bad clock would otherwise push the watermark past every
+later record. Option `exclude_ips` (a list) leaves those clients out of the counts: changing it and replaying a
 range (backfill mode `replay`) recomputes that range's contribution only.
 
 Event time follows Flink's model. The watermark is the maximum event time seen so far minus
@@ -61,6 +63,12 @@ class IpCount:
             .when(~ip.rlike(IP_PATTERN), F.lit("the client IP is not an IPv4 or IPv6 address"))
             .when(event_time.isNull(), F.lit("the [time] field is not dd/MMM/yyyy:HH:mm:ss Z"))
         )
+        # A clock far ahead would move the watermark past every later record: refuse event times too far
+        # ahead of the record's own Kafka timestamp (deterministic: both are fixed in the record).
+        ahead = int(options.get("max_event_time_ahead_seconds", 86_400))
+        too_far_ahead = F.unix_seconds(event_time) > F.unix_seconds(F.col("timestamp")) + ahead
+        error = error.when(too_far_ahead, F.lit(
+            f"the [time] field is more than {ahead} s ahead of the record's Kafka timestamp"))
         width = window_seconds(options)
         window_end_us = (F.floor(F.unix_seconds(event_time) / width) * width + width) * MICROS
         watermark = state.get("watermark_us")

@@ -23,6 +23,7 @@ from sqlalchemy.exc import OperationalError
 from microbatch.config import PipelineSpec, find_spec
 from microbatch.errors import ConnectionSettingsError, MicrobatchError
 from microbatch.kafka_offsets import BOOTSTRAP_ENV
+from microbatch.kafka_security import env_from_connection
 from microbatch.ledger.database import LEDGER_URL_ENV, unreachable
 
 log = logging.getLogger("microbatch")
@@ -67,6 +68,10 @@ def kafka_bootstrap(conn_id: str) -> str:
             f"The Airflow connection '{conn_id}' has no bootstrap servers.",
             fix="Set its extra to {\"bootstrap.servers\": \"HOST:PORT\"}.",
         )
+    # The connection's security settings reach every Kafka client of this task, and spark-submit, through
+    # the environment (never through arguments); variables set explicitly win.
+    for name, value in env_from_connection(conn.extra_dejson, conn.password).items():
+        os.environ.setdefault(name, value)
     return servers
 
 

@@ -87,8 +87,10 @@ def produce_lines(
     acknowledged (partition, offset), in input order."""
     from kafka import KafkaProducer
 
+    from microbatch.kafka_security import client_kwargs
+
     producer = KafkaProducer(bootstrap_servers=bootstrap_servers.split(","), acks="all", linger_ms=20,
-                             batch_size=256 * 1024, enable_idempotence=True)
+                             batch_size=256 * 1024, enable_idempotence=True, **client_kwargs())
     coordinates: list[tuple[int, int]] = []
     pending = []
 

@@ -135,16 +135,26 @@ def _wait(predicate: callable, timeout: float, what: str, log_file: Path | None 
 class KafkaBroker:
     """A single-node KRaft broker+controller in one JVM, with its data under `work_dir`."""
 
-    def __init__(self, work_dir: Path, port: int | None = None, controller_port: int | None = None) -> None:
+    def __init__(self, work_dir: Path, port: int | None = None, controller_port: int | None = None,
+                 sasl_users: dict[str, str] | None = None) -> None:
         self.work_dir = Path(work_dir)
         self.port = port or free_port()
         self.controller_port = controller_port or free_port()
+        # With `sasl_users` (name -> password), a second listener takes SASL_PLAINTEXT with mechanism PLAIN.
+        self.sasl_users = sasl_users or {}
+        self.sasl_port = free_port() if self.sasl_users else None
         self.process: subprocess.Popen[bytes] | None = None
         self.log_file = self.work_dir / "broker.log"
 
     @property
     def bootstrap_servers(self) -> str:
         return f"127.0.0.1:{self.port}"
+
+    @property
+    def sasl_bootstrap_servers(self) -> str:
+        if self.sasl_port is None:
+            raise ValueError("this broker has no SASL listener; pass sasl_users")
+        return f"127.0.0.1:{self.sasl_port}"
 
     @property
     def pid(self) -> int | None:
@@ -174,6 +184,18 @@ class KafkaBroker:
             "share.coordinator.state.topic.replication.factor": "1",
             "share.coordinator.state.topic.min.isr": "1",
         }
+        if self.sasl_users:
+            users = " ".join(f'user_{name}="{password}"' for name, password in self.sasl_users.items())
+            settings.update({
+                "listeners": f"{settings['listeners']},SASL_PLAINTEXT://127.0.0.1:{self.sasl_port}",
+                "advertised.listeners": f"{settings['advertised.listeners']},"
+                                        f"SASL_PLAINTEXT://127.0.0.1:{self.sasl_port}",
+                "listener.security.protocol.map": f"{settings['listener.security.protocol.map']},"
+                                                  "SASL_PLAINTEXT:SASL_PLAINTEXT",
+                "sasl.enabled.mechanisms": "PLAIN",
+                "listener.name.sasl_plaintext.plain.sasl.jaas.config":
+                    f"org.apache.kafka.common.security.plain.PlainLoginModule required {users};",
+            })
         properties.write_text("".join(f"{k}={v}\n" for k, v in settings.items()))
         (self.work_dir / "log4j2.properties").write_text(
             "rootLogger.level = INFO\nrootLogger.appenderRef.file.ref = FILE\n"

@@ -18,6 +18,7 @@ from kafka.errors import KafkaConfigurationError, KafkaError
 
 from microbatch.config import SourceSpec
 from microbatch.errors import ConnectionSettingsError, SpecError, TransientServiceError
+from microbatch.kafka_security import client_kwargs
 from microbatch.planning import StartupOffsets, TopicPartition
 
 log = logging.getLogger(__name__)
@@ -48,6 +49,7 @@ def offsets_client(
             isolation_level=isolation_level,
             request_timeout_ms=30_000,
             client_id="microbatch-planner",
+            **client_kwargs(),
         )
     except KafkaConfigurationError as exc:
         raise ConnectionSettingsError(f"The Kafka client settings are invalid: {exc}.") from None
@@ -135,7 +137,8 @@ def startup_lookups(
 def read_group_offsets(bootstrap_servers: str, group_id: str) -> dict[TopicPartition, int]:
     """The committed offsets of a consumer group, through the admin client (partitions without one are absent)."""
     try:
-        admin = KafkaAdminClient(bootstrap_servers=bootstrap_servers.split(","), client_id="microbatch-planner")
+        admin = KafkaAdminClient(bootstrap_servers=bootstrap_servers.split(","), client_id="microbatch-planner",
+                                 **client_kwargs())
     except KafkaError:
         raise TransientServiceError(f"No Kafka broker answered at {bootstrap_servers}.") from None
     try:
@@ -183,7 +186,7 @@ def mirror_group_offsets(
     }
     try:
         admin = KafkaAdminClient(bootstrap_servers=bootstrap_servers.split(","), client_id="microbatch-mirror",
-                                 request_timeout_ms=_TIMEOUT_MS)
+                                 request_timeout_ms=_TIMEOUT_MS, **client_kwargs())
         try:
             errors = admin.alter_group_offsets(group_id, offsets)
         finally:

@@ -28,6 +28,7 @@ from sqlalchemy import text
 from microbatch import failpoints
 from microbatch.config import KafkaSink, PipelineSpec
 from microbatch.errors import SpecError
+from microbatch.kafka_security import client_kwargs
 from microbatch.ledger import repository as repo
 from microbatch.ledger.database import transaction
 
@@ -68,7 +69,8 @@ def last_published_seq(bootstrap_servers: str, topic: str) -> int:
     data record there (markers of many small transactions).
     """
     consumer = KafkaConsumer(bootstrap_servers=bootstrap_servers.split(","), isolation_level="read_committed",
-                             enable_auto_commit=False, group_id=None, client_id="microbatch-publisher-tail")
+                             enable_auto_commit=False, group_id=None, client_id="microbatch-publisher-tail",
+                             **client_kwargs())
     try:
         partitions = consumer.partitions_for_topic(topic)
         if not partitions:
@@ -156,7 +158,8 @@ def publish_sink(spec: PipelineSpec, sink: KafkaSink, ledger_url: str, bootstrap
         return PublishResult(sink.name, sink.topic, progress, progress, 0, 0, time.monotonic() - started)
 
     producer = KafkaProducer(bootstrap_servers=bootstrap_servers.split(","), transactional_id=sink.transactional_id,
-                             acks="all", linger_ms=5, client_id=f"microbatch-publisher-{sink.name}")
+                             acks="all", linger_ms=5, client_id=f"microbatch-publisher-{sink.name}",
+                             **client_kwargs())
     transactions = records = 0
     try:
         producer.init_transactions()  # fences older producers with this id and aborts their open transaction

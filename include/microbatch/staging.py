@@ -23,6 +23,7 @@ from sqlalchemy import make_url
 from microbatch import failpoints
 from microbatch.config import PipelineSpec
 from microbatch.errors import SpecError
+from microbatch.kafka_security import spark_client_options
 from microbatch.ledger import repository as repo
 from microbatch.ledger.database import transaction
 from microbatch.ledger.models import BatchState
@@ -143,7 +144,8 @@ def stage_batch(
     if not ranges:
         raise ValueError(f"batch {batch_id} has no ranges")
     records = spark.read.format("kafka").options(
-        **kafka_read_options(ranges, bootstrap_servers, spec.source.isolation_level, spec.source.min_spark_partitions)
+        **kafka_read_options(ranges, bootstrap_servers, spec.source.isolation_level, spec.source.min_spark_partitions),
+        **spark_client_options(),
     ).load()
     limit = failpoints.argument("stage.read")
     if limit is not None:

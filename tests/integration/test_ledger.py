@@ -34,8 +34,12 @@ def plan_and_stage(url: str, ranges: list[OffsetRange], rows: list[tuple[str, in
         attempt = repo.begin_attempt(session, batch_id)
         for ip, count in rows:
             session.execute(
-                text("INSERT INTO stage_ip_counts VALUES (:b, :a, :ws, :we, :ip, :c)"),
-                {"b": batch_id, "a": attempt, "ws": W0, "we": W1, "ip": ip, "c": count},
+                text(
+                    "INSERT INTO stage_ip_counts (batch_id, attempt, window_start, window_end, ip, count, topic,"
+                    " partition) VALUES (:b, :a, :ws, :we, :ip, :c, :t, :p)"
+                ),
+                {"b": batch_id, "a": attempt, "ws": W0, "we": W1, "ip": ip, "c": count,
+                 "t": ranges[0].topic, "p": ranges[0].partition},
             )
     with transaction(url) as session:
         repo.record_staged(session, batch_id, attempt, {"rows_by_sink": {"ip_counts": len(rows)}}, {"n": 1}, {})
