@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import socket
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 
@@ -17,13 +18,41 @@ from kafka import TopicPartition as KafkaTopicPartition
 from kafka.errors import KafkaConfigurationError, KafkaError
 
 from microbatch.config import SourceSpec
-from microbatch.errors import ConnectionSettingsError, SpecError, TransientServiceError
-from microbatch.kafka_security import client_kwargs
+from microbatch.errors import ConnectionSettingsError, MicrobatchError, SpecError, TransientServiceError
+from microbatch.kafka_security import client_kwargs, from_env
 from microbatch.planning import StartupOffsets, TopicPartition
 
 log = logging.getLogger(__name__)
 BOOTSTRAP_ENV = "MICROBATCH_KAFKA_BOOTSTRAP"
 _TIMEOUT_MS = 20_000
+
+
+def _listening(bootstrap_servers: str) -> bool:
+    for server in bootstrap_servers.split(","):
+        host, _, port = server.strip().rpartition(":")
+        try:
+            socket.create_connection((host.strip("[]"), int(port)), timeout=3).close()
+            return True
+        except (OSError, ValueError):
+            continue
+    return False
+
+
+def broker_unreachable(bootstrap_servers: str) -> MicrobatchError:
+    """Why no Kafka client could be made: a refused SASL login (the broker listens) or an unreachable cluster."""
+    security = from_env()
+    if security.sasl and _listening(bootstrap_servers):
+        return ConnectionSettingsError(
+            f"The Kafka broker at {bootstrap_servers} is listening but refused the SASL {security.sasl_mechanism} "
+            f"login of user '{security.sasl_username}' over {security.security_protocol}.",
+            fix="Check the username and password (the Kafka connection's extra and password, or "
+            "MICROBATCH_KAFKA_SASL_USERNAME and MICROBATCH_KAFKA_SASL_PASSWORD) and that this listener takes "
+            f"{security.security_protocol}.",
+        )
+    return TransientServiceError(
+        f"No Kafka broker answered at {bootstrap_servers}.",
+        fix="Check that the cluster is up and that the connection's host and port are right.",
+    )
 
 
 def bootstrap_from_env() -> str:
@@ -54,10 +83,7 @@ def offsets_client(
     except KafkaConfigurationError as exc:
         raise ConnectionSettingsError(f"The Kafka client settings are invalid: {exc}.") from None
     except KafkaError:
-        raise TransientServiceError(
-            f"No Kafka broker answered at {bootstrap_servers}.",
-            fix="Check that the cluster is up and that the connection's host and port are right.",
-        ) from None
+        raise broker_unreachable(bootstrap_servers) from None
     try:
         yield consumer
     finally:
@@ -140,7 +166,7 @@ def read_group_offsets(bootstrap_servers: str, group_id: str) -> dict[TopicParti
         admin = KafkaAdminClient(bootstrap_servers=bootstrap_servers.split(","), client_id="microbatch-planner",
                                  **client_kwargs())
     except KafkaError:
-        raise TransientServiceError(f"No Kafka broker answered at {bootstrap_servers}.") from None
+        raise broker_unreachable(bootstrap_servers) from None
     try:
         answer = admin.list_group_offsets({group_id: None})
     except KafkaError as exc:

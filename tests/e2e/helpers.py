@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from collections import Counter
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -193,3 +194,43 @@ def assert_exactly_once(url: str, env: dict[str, str], lines: list[LogLine], coo
                for _, v in published}
         assert got == final
     return expected
+
+
+def _cmdlines() -> list[str]:
+    out = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                out.append((proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"))
+            except OSError:
+                continue
+    return out
+
+
+@dataclass
+class WatchedRun:
+    returncode: int
+    log: str
+    spark_seen: bool
+    leaked: list[str]
+
+
+def run_watching_arguments(env: dict[str, str], secrets: list[str], log_path: Path, max_runs: int = 3,
+                           timeout: float = 900) -> WatchedRun:
+    """`microbatch run ip_count` while polling every process's arguments for `secrets`. The output goes
+    to a file: a pipe nobody reads would fill and stall the run."""
+    deadline = time.monotonic() + timeout
+    with log_path.open("w") as out:
+        run = subprocess.Popen([sys.executable, "-m", "microbatch.cli", "run", "ip_count", "--max-runs",
+                                str(max_runs)], env={**os.environ, **env}, stdout=out, stderr=subprocess.STDOUT)
+        leaked: list[str] = []
+        spark_seen = False
+        while run.poll() is None:
+            if time.monotonic() > deadline:
+                run.kill()
+                raise TimeoutError(f"the run took over {timeout:.0f}s; see {log_path}")
+            lines = _cmdlines()
+            spark_seen |= any("spark_jobs/run_batch.py" in line for line in lines)
+            leaked += [line[:200] for line in lines for secret in secrets if secret in line]
+            time.sleep(0.2)
+    return WatchedRun(run.returncode, log_path.read_text(), spark_seen, leaked)
