@@ -123,7 +123,7 @@ class Harness:
         for runner in self.runners:
             if runner.poll() is None:
                 runner.kill()
-        for proc in _matching("run_batch.py"):
+        for proc in _matching("run_batch.py", self.env["MICROBATCH_PIPELINES_DIR"]):
             proc.kill()
         self.broker.stop()
         self.postgres.stop()
@@ -204,6 +204,7 @@ class Harness:
     def fault_kinds(self) -> dict[str, Callable[[int], str]]:
         return {
             "kill the spark-submit driver": self.kill_driver,
+            "kill a Spark Python worker": self.kill_python_worker,
             "kill the process running the commit": self.kill_commit,
             "kill the publisher after its Kafka commit": self.kill_publisher,
             "restart the Kafka broker": self.restart_broker,
@@ -213,10 +214,23 @@ class Harness:
         }
 
     def kill_driver(self, sig: int) -> str:
-        procs = _wait_for(lambda: _matching("run_batch.py"), 90)
+        procs = _wait_for(lambda: _matching("run_batch.py", self.env["MICROBATCH_PIPELINES_DIR"]), 90)
         for proc in procs:
             proc.send_signal(sig)
         return f"{len(procs)} driver process(es)"
+
+    def kill_python_worker(self, sig: int) -> str:
+        """Kill the Python workers of a stage mid-read. The ip_count job runs in the JVM, so the next run
+        arms `stage.read` with a limit it never reaches: the records then pass through a Python (Arrow)
+        worker, as in a job with Python UDFs, and that worker is the one killed."""
+        self.next_failpoints = "stage.read=1000000000000"
+        procs = _wait_for(lambda: _matching("pyspark.daemon", self.env["MICROBATCH_PIPELINES_DIR"]), 180)
+        for proc in procs:
+            try:
+                proc.send_signal(sig)
+            except psutil.NoSuchProcess:
+                continue
+        return f"{len(procs)} Python worker process(es)"
 
     def kill_commit(self, sig: int) -> str:
         _wait_for(self._staged_batch, 120)
@@ -407,11 +421,19 @@ def _end_offsets(bootstrap: str, topic: str) -> dict[int, int]:
         consumer.close()
 
 
-def _matching(needle: str) -> list[psutil.Process]:
+def _matching(needle: str, pipelines_dir: str | None = None) -> list[psutil.Process]:
+    """Processes whose command line holds `needle`; with `pipelines_dir`, only those of this harness
+    (their MICROBATCH_PIPELINES_DIR), so a fault never reaches another run on the same machine."""
     found = []
     for proc in psutil.process_iter(["cmdline"]):
         cmdline = " ".join(proc.info["cmdline"] or [])
         if needle in cmdline and "pytest" not in cmdline:
+            if pipelines_dir is not None:
+                try:
+                    if proc.environ().get("MICROBATCH_PIPELINES_DIR") != pipelines_dir:
+                        continue
+                except psutil.Error:
+                    continue
             found.append(proc)
     return found
 

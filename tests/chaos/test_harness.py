@@ -13,6 +13,7 @@ pytestmark = pytest.mark.chaos
 
 SCHEDULE = [
     ("kill the spark-submit driver", signal.SIGKILL),
+    ("kill a Spark Python worker", signal.SIGKILL),
     ("restart the Kafka broker", signal.SIGKILL),
     ("kill the process running the commit", signal.SIGTERM),
     ("kill the publisher after its Kafka commit", signal.SIGKILL),

@@ -83,16 +83,19 @@ def verify_ledger(env: dict[str, str]) -> dict:
     return json.loads(result.stdout)
 
 
-def committed_batches(url: str) -> list[tuple[str, list[tuple[int, int, int]]]]:
-    """The committed batches in commit order, each as (kind, its (partition, start, end) ranges)."""
+def committed_batches(url: str, with_topic: bool = False) -> list[tuple[str, list[tuple]]]:
+    """The committed batches in commit order, each as (kind, its (partition, start, end) ranges), or
+    (topic, partition, start, end) ranges `with_topic`."""
     with transaction(url) as session:
         rows = session.execute(text(
-            "SELECT b.id, b.kind, r.partition, r.start_offset, r.end_offset FROM ranges r "
-            "JOIN batches b ON b.id = r.batch_id WHERE r.committed ORDER BY b.committed_at, b.id, r.partition"
+            "SELECT b.id, b.kind, r.topic, r.partition, r.start_offset, r.end_offset FROM ranges r "
+            "JOIN batches b ON b.id = r.batch_id WHERE r.committed "
+            "ORDER BY b.committed_at, b.id, r.topic, r.partition"
         )).all()
-    batches: dict[int, tuple[str, list[tuple[int, int, int]]]] = {}
-    for batch_id, kind, partition, start, end in rows:
-        batches.setdefault(batch_id, (kind, []))[1].append((partition, start, end))
+    batches: dict[int, tuple[str, list[tuple]]] = {}
+    for batch_id, kind, topic, partition, start, end in rows:
+        batches.setdefault(batch_id, (kind, []))[1].append(
+            (topic, partition, start, end) if with_topic else (partition, start, end))
     return list(batches.values())
 
 
@@ -116,15 +119,15 @@ def recount(lines: list[LogLine], coords: list[tuple[int, int]],
     for kind, ranges in batches:
         backfill = kind == "backfill"
         batch_max = None
-        for partition, start, end in ranges:
+        for *source, start, end in ranges:  # (partition, ...) or (topic, partition, ...), as `coords`
             for offset in range(start, end):
-                line = by_coord.get((partition, offset))
+                line = by_coord.get((*source, offset))
                 if line is None or line.malformed:  # a transaction marker or an aborted record: no data
                     continue
                 epoch = int(line.event_time.timestamp())
                 window_start = datetime.fromtimestamp(epoch - epoch % window, tz=UTC)
                 if not backfill and watermark is not None and window_start + timedelta(seconds=window) <= watermark:
-                    late.add((partition, offset))
+                    late.add((*source, offset))
                     continue
                 counts[(window_start, line.ip)] += 1
                 batch_max = line.event_time if batch_max is None else max(batch_max, line.event_time)
