@@ -181,6 +181,7 @@ class KafkaBroker:
             "transaction.state.log.min.isr": "1",
             "transaction.state.log.num.partitions": "4",
             "group.initial.rebalance.delay.ms": "0",
+            "log.cleaner.backoff.ms": "1000",
             "share.coordinator.state.topic.replication.factor": "1",
             "share.coordinator.state.topic.min.isr": "1",
         }
@@ -458,15 +459,16 @@ class SparkStandalone:
         self.processes.clear()
 
 
-def create_topic(bootstrap_servers: str, name: str, partitions: int, replication: int = 1) -> None:
-    """Create a topic; a topic that already exists is left as it is."""
+def create_topic(bootstrap_servers: str, name: str, partitions: int, replication: int = 1,
+                 config: dict[str, str] | None = None) -> None:
+    """Create a topic (with topic-level `config`); a topic that already exists is left as it is."""
     from kafka import KafkaAdminClient
     from kafka.admin import NewTopic
     from kafka.errors import TopicAlreadyExistsError
 
     admin = KafkaAdminClient(bootstrap_servers=bootstrap_servers.split(","))
     try:
-        admin.create_topics([NewTopic(name, partitions, replication)])
+        admin.create_topics([NewTopic(name, partitions, replication, topic_configs=config or {})])
     except TopicAlreadyExistsError:
         pass
     finally:

@@ -373,3 +373,74 @@ def test_spark_refuses_offsets_deleted_after_planning(spark, kafka, topic):
     with pytest.raises(Exception) as error:  # Spark raises a Py4J/captured error
         read(spark, [OffsetRange(topic, 3, 0, 30)], bootstrap).count()
     assert run_batch._is_data_loss(error.value), str(error.value)[:2000]
+
+
+def test_compacted_topic_with_offset_holes(spark, kafka, ledger_url):
+    """Compaction leaves holes in the offsets: the plan covers them, Spark reads the survivors, and the
+    ledger moves past the holes as it does past transaction markers."""
+    from kafka import KafkaConsumer
+
+    bootstrap = kafka.bootstrap_servers
+    topic = f"compacted_{uuid.uuid4().hex[:8]}"
+    create_topic(bootstrap, topic, 1, config={"cleanup.policy": "compact", "segment.ms": "100",
+                                               "min.cleanable.dirty.ratio": "0.001", "delete.retention.ms": "100"})
+    producer = KafkaProducer(bootstrap_servers=bootstrap, acks="all")
+    for i in range(200):
+        key = f"unique{i}" if i % 3 == 0 else f"k{i % 10}"  # unique keys survive, spread over the log
+        producer.send(topic, key=key.encode(), value=f"v{i}".encode(), partition=0)
+    producer.flush()
+
+    def survivors() -> list[int]:
+        consumer = KafkaConsumer(bootstrap_servers=bootstrap, group_id=None, consumer_timeout_ms=2000,
+                                 auto_offset_reset="earliest")
+        consumer.assign([KTP(topic, 0)])
+        offsets = [r.offset for r in consumer]
+        consumer.close()
+        return offsets
+
+    deadline = time.monotonic() + 120
+    offsets = survivors()
+    while len(offsets) >= 200 and time.monotonic() < deadline:
+        time.sleep(1)  # a later record rolls the segment, so the cleaner can compact the earlier ones
+        producer.send(topic, key=b"roll", value=b"roll", partition=0)
+        producer.flush()
+        offsets = survivors()
+    producer.close()
+    assert len(offsets) < 200, "the broker did not compact the topic in time"
+    assert offsets != list(range(offsets[0], offsets[0] + len(offsets)))  # holes
+
+    spec = make_spec(topics=[topic], max_records_per_batch=100_000)
+    outcome = plan_next_batch(spec, ledger_url, bootstrap)
+    (planned,) = outcome.ranges
+    assert (planned.start, planned.end) == (0, offsets[-1] + 1)
+    read_offsets = sorted(r.offset for r in read(spark, [planned], bootstrap).select("offset").collect())
+    assert read_offsets == offsets
+    commit_empty(ledger_url, spec, outcome.batch_id)
+    assert positions(ledger_url) == {(topic, 0): offsets[-1] + 1}
+
+
+def test_group_offset_mirror_failure_is_a_warning(kafka, topic, ledger_url, caplog):
+    """A group with an active member refuses offset commits from outside: the mirror logs a warning
+    and returns; the ledger's commit stands."""
+    from kafka import KafkaConsumer
+
+    bootstrap = kafka.bootstrap_servers
+    produce(bootstrap, topic, {0: 5, 1: 5})
+    group = f"busy-{topic}"
+    member = KafkaConsumer(topic, bootstrap_servers=bootstrap, group_id=group, enable_auto_commit=False,
+                           session_timeout_ms=30_000)
+    deadline = time.monotonic() + 60
+    while not member.assignment() and time.monotonic() < deadline:
+        member.poll(timeout_ms=500)
+    assert member.assignment(), "the consumer never joined its group"
+    try:
+        spec = make_spec(topics=[topic], commit_group_offsets={"enabled": True, "group_id": group})
+        plan_and_commit(ledger_url, spec, bootstrap)
+        with caplog.at_level(logging.WARNING):
+            mirrored = mirror_group_offsets(bootstrap, spec.group_id, {TopicPartition(t, p): o
+                                                                        for (t, p), o in positions(ledger_url).items()})
+        assert mirrored is False
+        assert "the ledger is unaffected" in caplog.text
+        assert positions(ledger_url)[(topic, 0)] == 5
+    finally:
+        member.close()
