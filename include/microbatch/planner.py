@@ -99,6 +99,10 @@ def plan_next_batch(
             batch.timings = {"plan_s": round(time.monotonic() - started, 3)}
             batch_id = batch.id
         repo.record_lag(session, pipeline.id, batch_id, plan, latest)
+        if batch_id is not None and batch_id % repo.LAG_PRUNE_EVERY == 0:
+            pruned = repo.prune_lag_snapshots(session, pipeline.id)
+            if pruned:
+                log.info("pruned %s lag snapshot(s) older than %s days", pruned, repo.LAG_RETENTION_DAYS)
         if plan.disappeared_topics:
             log.warning("topic(s) %s no longer exist or match; their ledger positions are kept",
                         ", ".join(plan.disappeared_topics))

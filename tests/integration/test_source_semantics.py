@@ -301,6 +301,24 @@ def test_lag_is_recorded_per_partition_and_logged(kafka, topic, ledger_url, capl
     assert "lag total: 30 offset(s) over 4 partition(s)" in caplog.text
 
 
+def test_old_lag_snapshots_are_pruned_but_each_partitions_newest_is_kept(kafka, topic, ledger_url):
+    bootstrap = kafka.bootstrap_servers
+    produce(bootstrap, topic, {0: 10})
+    spec = make_spec(topics=[topic], max_records_per_batch=4)
+    for _ in range(3):
+        plan_and_commit(ledger_url, spec, bootstrap)
+    with transaction(ledger_url) as session:
+        pipeline = repo.get_pipeline(session, "ip_count")
+        session.execute(text("UPDATE lag_snapshots SET planned_at = now() - interval '10 days'"))
+        before = session.execute(text("SELECT count(*) FROM lag_snapshots")).scalar_one()
+        latest = {(s.topic, s.partition): s.id for s in repo.latest_lag(session, pipeline.id)}
+        pruned = repo.prune_lag_snapshots(session, pipeline.id)
+        rows = session.execute(text("SELECT topic, partition, id FROM lag_snapshots")).all()
+    kept = {(t, p): i for t, p, i in rows}
+    assert before == 12 and pruned == 8 and len(rows) == 4
+    assert kept == latest  # one row per partition, its newest, although all are older than the retention
+
+
 # --- Spark reads: splits, transactional input, failOnDataLoss -----------------------------------------------
 
 @pytest.fixture(scope="module")

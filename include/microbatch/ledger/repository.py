@@ -285,6 +285,21 @@ def record_lag(
         session.execute(insert(LagSnapshot).values(rows))
 
 
+LAG_RETENTION_DAYS = 7
+LAG_PRUNE_EVERY = 50
+"""Lag snapshots older than the retention are pruned on every `LAG_PRUNE_EVERY`th batch, except each
+partition's newest, so `status` still shows the lag of an idle or vanished partition."""
+
+
+def prune_lag_snapshots(session: Session, pipeline_id: int, keep_days: int = LAG_RETENTION_DAYS) -> int:
+    """Delete the pipeline's lag snapshots older than `keep_days` that are not their partition's newest."""
+    return session.execute(text(
+        "DELETE FROM lag_snapshots s WHERE s.pipeline_id = :p AND s.planned_at < now() - make_interval(days => :d)"
+        " AND EXISTS (SELECT 1 FROM lag_snapshots n WHERE n.pipeline_id = s.pipeline_id AND n.topic = s.topic"
+        " AND n.partition = s.partition AND n.id > s.id)"
+    ), {"p": pipeline_id, "d": keep_days}).rowcount
+
+
 def latest_lag(session: Session, pipeline_id: int) -> list[LagSnapshot]:
     """The most recent lag snapshot of every partition of the pipeline, by topic and partition."""
     return list(session.scalars(
