@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 export PYTHONPATH := $(CURDIR)/include:$(CURDIR)
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: demo test unit integration e2e lint jars venv airflow down bench clean browser
+.PHONY: demo test unit integration e2e lint jars venv airflow down bench chaos soak clean browser
 
 $(STAMP): requirements.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -46,6 +46,15 @@ down: $(STAMP)
 
 bench: jars
 	$(PY) bench/throughput.py
+
+# The full chaos harness (100,000 lines, every fault 3 times by SIGKILL and by SIGTERM) and the
+# randomized soak (SEED=... replays one); both print a table and take tens of minutes.
+chaos: jars
+	$(PY) -m tests.chaos.harness --records 100000 --rounds 3
+
+SEED ?=
+soak: jars
+	$(PY) -m tests.chaos.soak --iterations 50 $(if $(SEED),--seed $(SEED),)
 
 clean: down
 	rm -rf .cache/devstack .cache/airflow

@@ -486,7 +486,9 @@ def main() -> int:
     parser.add_argument("--batch-size", type=int, default=10_000)
     parser.add_argument("--rounds", type=int, default=3, help="times each fault is applied per signal")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--json", type=Path, default=None, help="also write the result here")
     args = parser.parse_args()
+    started = time.monotonic()
     work = Path(tempfile.mkdtemp(prefix="microbatch-chaos-"))
     harness = Harness(work, args.records, args.chunks, args.batch_size, args.seed)
     harness.start()
@@ -495,7 +497,15 @@ def main() -> int:
     finally:
         harness.close()
     print_report(harness, checks)
-    print(f"work dir: {work}")
+    print(f"{len(harness.lines)} lines, {len(harness.faults)} faults, {time.monotonic() - started:.0f}s; "
+          f"work dir: {work}")
+    if args.json:
+        args.json.write_text(json.dumps({
+            "records": len(harness.lines), "seed": args.seed, "seconds": round(time.monotonic() - started),
+            "faults": [{"fault": f.name, "signal": f.sig, "applied": f.done, "commit_after_s": f.recovered_s,
+                        "detail": f.detail} for f in harness.faults],
+            "checks": [{"check": c.name, "ok": c.ok, "detail": c.detail} for c in checks],
+        }, indent=2))
     return 0 if all(c.ok for c in checks) else 1
 
 
