@@ -119,7 +119,7 @@ class Soak:
         if kill:
             sig = self.rng.choice([signal.SIGKILL, signal.SIGTERM])
             target = self.rng.choice(["the run", "the driver"])
-            deadline = time.monotonic() + self.rng.uniform(3, 30)
+            deadline = time.monotonic() + self.rng.uniform(1.5, 10)  # runs of a small batch take ~10 s
             while runner.poll() is None and time.monotonic() < deadline:
                 time.sleep(0.2)
             if runner.poll() is None:
