@@ -165,8 +165,9 @@ class Harness:
     # the pipeline -----------------------------------------------------------------------------------
     def start_runner(self, max_runs: int = 2) -> subprocess.Popen:
         env = dict(self.env)
-        if self.next_failpoints:
-            env[FAILPOINTS_ENV], self.next_failpoints = self.next_failpoints, None
+        with self.lock:
+            if self.next_failpoints:
+                env[FAILPOINTS_ENV], self.next_failpoints = self.next_failpoints, None
         log = (self.work / "runs.log").open("a")
         runner = subprocess.Popen([sys.executable, "-m", "microbatch.cli", "run", "ip_count", "--max-runs",
                                    str(max_runs)], env=env, stdout=log, stderr=subprocess.STDOUT,
@@ -219,11 +220,19 @@ class Harness:
             proc.send_signal(sig)
         return f"{len(procs)} driver process(es)"
 
+    def _arm(self, point: str) -> None:
+        """Arm a failpoint for the next run, keeping any armed before it that no run has taken yet."""
+        with self.lock:
+            armed = dict(p.partition("=")[::2] for p in (self.next_failpoints or "").split(",") if p)
+            name, _, arg = point.partition("=")
+            armed[name] = arg
+            self.next_failpoints = ",".join(f"{n}={a}" if a else n for n, a in armed.items())
+
     def kill_python_worker(self, sig: int) -> str:
         """Kill the Python workers of a stage mid-read. The ip_count job runs in the JVM, so the next run
         arms `stage.read` with a limit it never reaches: the records then pass through a Python (Arrow)
         worker, as in a job with Python UDFs, and that worker is the one killed."""
-        self.next_failpoints = "stage.read=1000000000000"
+        self._arm("stage.read=1000000000000")
         procs = _wait_for(lambda: _matching("pyspark.daemon", self.env["MICROBATCH_PIPELINES_DIR"]), 180)
         for proc in procs:
             try:
@@ -242,7 +251,7 @@ class Harness:
     def kill_publisher(self, sig: int) -> str:
         marker = Path(self.env[FAILPOINT_DIR_ENV]) / "publish.after_commit"
         marker.unlink(missing_ok=True)
-        self.next_failpoints = "publish.after_commit" + ("=kill" if sig == signal.SIGKILL else "")
+        self._arm("publish.after_commit" + ("=kill" if sig == signal.SIGKILL else ""))
         return "armed publish.after_commit for the next run"
 
     def restart_broker(self, sig: int) -> str:
