@@ -308,17 +308,20 @@ class Harness:
         threading.Thread(target=self.pipeline_loop, daemon=True).start()
         consumer = threading.Thread(target=self.consume_during, daemon=True)
         consumer.start()
-        producer = threading.Thread(target=self._produce_all, daemon=True)
+        # Input keeps arriving through the whole fault schedule, so every fault finds work to hit.
+        pause = max(2.0, len(schedule) * sum(spacing_s) / 2 / self.chunks)
+        producer = threading.Thread(target=self._produce_all, args=(pause,), daemon=True)
         producer.start()
         self.inject(schedule, spacing_s)
         producer.join()
         self.quiesce()
         return self.check(consumer)
 
-    def _produce_all(self) -> None:
+    def _produce_all(self, pause: float) -> None:
+        rng = random.Random(self.seed + 1)  # its own: the fault thread draws from self.rng concurrently
         for index in range(self.chunks):
             self.produce_chunk(index)
-            time.sleep(self.rng.uniform(2, 8))
+            time.sleep(rng.uniform(0.5, 1.5) * pause)
 
     def quiesce(self) -> None:
         """Stop injecting, let running work end, then run cleanly until caught up and published."""
