@@ -95,7 +95,7 @@ class Harness:
         self.loop_done = threading.Event()
         self.lock = threading.Lock()
         self.observed: list[tuple[int, dict]] = []
-        self.next_failpoints: str | None = None
+        self.armed: dict[str, str] = {}  # failpoints every new run gets, until disarmed
 
     # services -------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -166,8 +166,8 @@ class Harness:
     def start_runner(self, max_runs: int = 2) -> subprocess.Popen:
         env = dict(self.env)
         with self.lock:
-            if self.next_failpoints:
-                env[FAILPOINTS_ENV], self.next_failpoints = self.next_failpoints, None
+            if self.armed:
+                env[FAILPOINTS_ENV] = ",".join(f"{n}={a}" if a else n for n, a in self.armed.items())
         log = (self.work / "runs.log").open("a")
         runner = subprocess.Popen([sys.executable, "-m", "microbatch.cli", "run", "ip_count", "--max-runs",
                                    str(max_runs)], env=env, stdout=log, stderr=subprocess.STDOUT,
@@ -221,19 +221,25 @@ class Harness:
         return f"{len(procs)} driver process(es)"
 
     def _arm(self, point: str) -> None:
-        """Arm a failpoint for the next run, keeping any armed before it that no run has taken yet."""
+        """Arm a failpoint for every run started from now on. With the marker directory a failpoint
+        fires once, so one armed long ago is harmless; a run with nothing to stage no longer wastes it."""
+        name, _, arg = point.partition("=")
         with self.lock:
-            armed = dict(p.partition("=")[::2] for p in (self.next_failpoints or "").split(",") if p)
-            name, _, arg = point.partition("=")
-            armed[name] = arg
-            self.next_failpoints = ",".join(f"{n}={a}" if a else n for n, a in armed.items())
+            self.armed[name] = arg
+
+    def _disarm(self, name: str) -> None:
+        with self.lock:
+            self.armed.pop(name, None)
 
     def kill_python_worker(self, sig: int) -> str:
         """Kill the Python workers of a stage mid-read. The ip_count job runs in the JVM, so the next run
         arms `stage.read` with a limit it never reaches: the records then pass through a Python (Arrow)
         worker, as in a job with Python UDFs, and that worker is the one killed."""
         self._arm("stage.read=1000000000000")
-        procs = _wait_for(lambda: _matching("pyspark.daemon", self.env["MICROBATCH_PIPELINES_DIR"]), 180)
+        try:
+            procs = _wait_for(lambda: _matching("pyspark.daemon", self.env["MICROBATCH_PIPELINES_DIR"]), 180)
+        finally:
+            self._disarm("stage.read")
         for proc in procs:
             try:
                 proc.send_signal(sig)
@@ -252,7 +258,7 @@ class Harness:
         marker = Path(self.env[FAILPOINT_DIR_ENV]) / "publish.after_commit"
         marker.unlink(missing_ok=True)
         self._arm("publish.after_commit" + ("=kill" if sig == signal.SIGKILL else ""))
-        return "armed publish.after_commit for the next run"
+        return "armed publish.after_commit for the next runs (it fires once)"
 
     def restart_broker(self, sig: int) -> str:
         self.broker.restart(hard=sig == signal.SIGKILL)
