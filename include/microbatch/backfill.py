@@ -29,7 +29,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
 from microbatch.config import PipelineSpec
-from microbatch.errors import SpecError
+from microbatch.errors import SpecError, first_validation_error
 from microbatch.planning import OffsetRange, Plan, TopicPartition
 
 log = logging.getLogger(__name__)
@@ -72,11 +72,7 @@ def parse_params(spec: PipelineSpec, raw: Mapping[str, object]) -> BackfillParam
     try:
         params = BackfillParams.model_validate(values)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"])
-        message = first["msg"].removeprefix("Value error, ")
-        if not where:
-            where, _, message = message.partition(": ")
+        where, message = first_validation_error(exc)
         raise SpecError(f"Backfill parameter '{where}': {message}.") from None
     pattern = spec.source.topic_pattern
     if not (params.topic in spec.source.topics or (pattern and re.fullmatch(pattern, params.topic))):

@@ -7,6 +7,8 @@ Every message is one sentence on the cause and one on the fix, never a stack tra
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class MicrobatchError(Exception):
     """Root of every error the platform raises on purpose."""
@@ -45,3 +47,14 @@ class TransientServiceError(MicrobatchError):
     """Kafka or Postgres could not be reached; a retry may succeed."""
 
     retryable = True
+
+
+def first_validation_error(exc: Any) -> tuple[str, str]:
+    """The field and the message of a pydantic ValidationError's first error, for a one-sentence report.
+    A model-level check names its field itself, as `field: message`."""
+    first = exc.errors()[0]
+    field = ".".join(str(p) for p in first["loc"])
+    message = first["msg"].removeprefix("Value error, ")
+    if not field:
+        field, _, message = message.partition(": ")
+    return field, message

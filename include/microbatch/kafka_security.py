@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, SecretStr, ValidationError, model_validator
 
-from microbatch.errors import ConnectionSettingsError
+from microbatch.errors import ConnectionSettingsError, first_validation_error
 
 ENV_PREFIX = "MICROBATCH_KAFKA_"
 FIELDS = ("security_protocol", "sasl_mechanism", "sasl_username", "sasl_password", "ssl_cafile")
@@ -63,11 +63,7 @@ def from_env(environ: Mapping[str, str] | None = None) -> KafkaSecurity:
     try:
         return KafkaSecurity.model_validate(values)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        field = ".".join(str(p) for p in first["loc"])
-        message = first["msg"].removeprefix("Value error, ")
-        if not field:
-            field, _, message = message.partition(": ")
+        field, message = first_validation_error(exc)
         raise ConnectionSettingsError(
             f"Kafka security setting {ENV_PREFIX}{field.upper()} is invalid: {message}.",
             fix="Set it in the environment or in the Kafka connection's extra (security.protocol, sasl.mechanism, "
