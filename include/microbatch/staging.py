@@ -163,6 +163,11 @@ def stage_batch(
         metrics[f"state_{name}"] = expr
     observation = Observation(f"batch_{batch_id}_{attempt}")
     parsed = parsed.observe(observation, *[expr.alias(name) for name, expr in metrics.items()])
+    # The raw bytes are needed only for dead letters and late records: the cache keeps them for those rows
+    # alone (a null costs a bit in the columnar cache), which shrinks it by about the size of the input.
+    if "value" in parsed.columns:
+        bad = F.col(ERROR_COLUMN).isNotNull() | F.col(LATE_COLUMN)
+        parsed = parsed.withColumn("value", F.when(bad, F.col("value")))
     parsed = parsed.persist(StorageLevel.MEMORY_AND_DISK)
 
     t_read = time.monotonic()

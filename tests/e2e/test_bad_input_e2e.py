@@ -74,6 +74,11 @@ def test_bad_input_corpus_and_no_secret_in_process_arguments(service_env, topic,
     with transaction(ledger_url) as session:
         reasons = dict(session.execute(text('SELECT partition || \':\' || "offset", error FROM dead_letters')).all())
     assert all(reason for reason in reasons.values())
+    with transaction(ledger_url) as session:
+        raws = {(p, o): raw for p, o, raw in session.execute(text('SELECT partition, "offset", raw FROM dead_letters'))}
+    for c, (_, value, outcome) in zip(coords, records, strict=True):
+        if outcome == "dead":  # each dead letter keeps its exact source bytes
+            assert (None if raws[c] is None else bytes(raws[c])) == value, c
     future = next(c for c, (_, v, _) in zip(coords, records, strict=True) if v and b"/2999:" in v)
     assert "ahead of the record's Kafka timestamp" in reasons[f"{future[0]}:{future[1]}"]
 
