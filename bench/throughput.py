@@ -187,6 +187,7 @@ def main(argv: list[str]) -> int:
                     microbatch_run(stack, f"c10_{rep}", n, per, args.driver_memory))
                 runs.setdefault("d_peer_split", []).append(
                     peer_run(stack, f"d10_{rep}", n, per, args.driver_memory))
+            write_results("throughput_partial", results)  # a long run that dies later keeps its finished reps
             print(f"rep {rep + 1}/{args.reps} done", flush=True)
 
     summary: dict[str, dict] = {}

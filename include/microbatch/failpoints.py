@@ -3,11 +3,15 @@
 `MICROBATCH_FAILPOINTS` lists armed points, comma-separated: `name` exits with `os._exit`,
 `name=kill` sends SIGKILL to the own process, `name=N` (for points that count records)
 fires after N records. With `MICROBATCH_FAILPOINT_DIR` set, each point fires once: a marker
-file records that it fired, so the retry goes through. Unarmed points cost one dict lookup.
+file records that it fired, so the retry goes through; and the file `.armed` in that directory,
+if present, arms more points in the same syntax, read at each hit, so a test can arm a point in
+processes that are already running. Unarmed points cost one dict lookup (plus a file read when
+the directory is set, in tests only).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -17,11 +21,16 @@ log = logging.getLogger(__name__)
 FAILPOINTS_ENV = "MICROBATCH_FAILPOINTS"
 FAILPOINT_DIR_ENV = "MICROBATCH_FAILPOINT_DIR"
 EXIT_CODE = 86
+ARMED_FILE = ".armed"
 
 
 def armed() -> dict[str, str]:
     """The armed failpoints and their arguments, read from the environment."""
     spec = os.environ.get(FAILPOINTS_ENV, "")
+    marker_dir = os.environ.get(FAILPOINT_DIR_ENV)
+    if marker_dir:
+        with contextlib.suppress(FileNotFoundError):
+            spec += "," + (Path(marker_dir) / ARMED_FILE).read_text()
     points = {}
     for item in filter(None, (part.strip() for part in spec.split(","))):
         name, _, arg = item.partition("=")

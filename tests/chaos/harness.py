@@ -43,7 +43,7 @@ from sqlalchemy import text
 from microbatch import localenv
 from microbatch.datagen import LogLine, generate_lines, produce_lines
 from microbatch.devstack import KafkaBroker, LocalPostgres, create_topic
-from microbatch.failpoints import FAILPOINT_DIR_ENV, FAILPOINTS_ENV
+from microbatch.failpoints import ARMED_FILE, FAILPOINT_DIR_ENV, FAILPOINTS_ENV
 from microbatch.ledger.database import get_engine, migrate, transaction
 from tests.e2e.helpers import (
     committed_batches,
@@ -165,9 +165,6 @@ class Harness:
     # the pipeline -----------------------------------------------------------------------------------
     def start_runner(self, max_runs: int = 2) -> subprocess.Popen:
         env = dict(self.env)
-        with self.lock:
-            if self.armed:
-                env[FAILPOINTS_ENV] = ",".join(f"{n}={a}" if a else n for n, a in self.armed.items())
         log = (self.work / "runs.log").open("a")
         runner = subprocess.Popen([sys.executable, "-m", "microbatch.cli", "run", "ip_count", "--max-runs",
                                    str(max_runs)], env=env, stdout=log, stderr=subprocess.STDOUT,
@@ -221,21 +218,30 @@ class Harness:
         return f"{len(procs)} driver process(es)"
 
     def _arm(self, point: str) -> None:
-        """Arm a failpoint for every run started from now on. With the marker directory a failpoint
-        fires once, so one armed long ago is harmless; a run with nothing to stage no longer wastes it."""
+        """Arm a failpoint in every process from now on, running ones included: they read the armed file
+        at each hit. With the marker directory a failpoint fires once."""
         name, _, arg = point.partition("=")
         with self.lock:
             self.armed[name] = arg
+            self._write_armed()
 
     def _disarm(self, name: str) -> None:
         with self.lock:
             self.armed.pop(name, None)
+            self._write_armed()
+
+    def _write_armed(self) -> None:
+        path = Path(self.env[FAILPOINT_DIR_ENV]) / ARMED_FILE
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(",".join(f"{n}={a}" if a else n for n, a in self.armed.items()))
+        tmp.replace(path)  # readers see the old list or the new one, never half of it
 
     def kill_python_worker(self, sig: int) -> str:
         """Kill the Python workers of a stage mid-read. The ip_count job runs in the JVM, so the next run
         arms `stage.read` with a limit it never reaches: the records then pass through a Python (Arrow)
         worker, as in a job with Python UDFs, and that worker is the one killed."""
-        self._arm("stage.read=1000000000000")
+        self._arm("stage.read=1000000000000")  # already armed by prepare(), before this fault's input
         try:
             procs = _wait_for(lambda: _matching("pyspark.daemon", self.env["MICROBATCH_PIPELINES_DIR"]), 180)
         finally:
@@ -256,13 +262,19 @@ class Harness:
 
     def kill_publisher(self, sig: int) -> str:
         marker = Path(self.env[FAILPOINT_DIR_ENV]) / "publish.after_commit"
-        marker.unlink(missing_ok=True)
-        self._arm("publish.after_commit" + ("=kill" if sig == signal.SIGKILL else ""))
         try:  # applied only once a publisher has died there: its marker file says so
             _wait_for(marker.exists, 300)
         finally:
             self._disarm("publish.after_commit")
         return "a publisher died between its Kafka commit and its progress record"
+
+    def prepare(self, name: str, sig: int) -> None:
+        """Arm what a fault needs before its input is produced, so the run that takes that input has it."""
+        if name == "kill a Spark Python worker":
+            self._arm("stage.read=1000000000000")
+        elif name == "kill the publisher after its Kafka commit":
+            (Path(self.env[FAILPOINT_DIR_ENV]) / "publish.after_commit").unlink(missing_ok=True)
+            self._arm("publish.after_commit" + ("=kill" if sig == signal.SIGKILL else ""))
 
     def restart_broker(self, sig: int) -> str:
         self.broker.restart(hard=sig == signal.SIGKILL)
@@ -302,7 +314,15 @@ class Harness:
         return schedule
 
     def inject(self, schedule: list[tuple[str, int]], spacing_s: tuple[float, float]) -> None:
-        for name, sig in schedule:
+        """Input arrives through the whole schedule: before each fault, the chunks due by then are produced,
+        so every fault finds a batch to hit (and newly final windows for the publisher to publish)."""
+        produced = 0
+        for k, (name, sig) in enumerate(schedule):
+            due = -(-(k + 1) * self.chunks // len(schedule))  # ceil: all chunks are out by the last fault
+            self.prepare(name, sig)
+            while produced < due:
+                self.produce_chunk(produced)
+                produced += 1
             time.sleep(self.rng.uniform(*spacing_s))
             record = FaultRecord(name, signal.Signals(sig).name, time.time())
             try:
@@ -318,20 +338,9 @@ class Harness:
         threading.Thread(target=self.pipeline_loop, daemon=True).start()
         consumer = threading.Thread(target=self.consume_during, daemon=True)
         consumer.start()
-        # Input keeps arriving through the whole fault schedule, so every fault finds work to hit.
-        pause = max(2.0, len(schedule) * sum(spacing_s) / 2 / self.chunks)
-        producer = threading.Thread(target=self._produce_all, args=(pause,), daemon=True)
-        producer.start()
         self.inject(schedule, spacing_s)
-        producer.join()
         self.quiesce()
         return self.check(consumer)
-
-    def _produce_all(self, pause: float) -> None:
-        rng = random.Random(self.seed + 1)  # its own: the fault thread draws from self.rng concurrently
-        for index in range(self.chunks):
-            self.produce_chunk(index)
-            time.sleep(rng.uniform(0.5, 1.5) * pause)
 
     def quiesce(self) -> None:
         """Stop injecting, let running work end, then run cleanly until caught up and published."""
@@ -345,6 +354,9 @@ class Harness:
         raise RuntimeError("the pipeline did not catch up after the faults:\n" + result.stdout[-3000:])
 
     def stop_loop(self) -> None:
+        with self.lock:
+            self.armed.clear()
+            self._write_armed()
         self.loop_done.set()
         deadline = time.time() + 300
         for runner in self.runners:
@@ -520,9 +532,11 @@ def main() -> int:
     started = time.monotonic()
     work = Path(tempfile.mkdtemp(prefix="microbatch-chaos-"))
     harness = Harness(work, args.records, args.chunks, args.batch_size, args.seed)
+    schedule = harness.full_schedule(args.rounds)
+    harness.chunks = max(harness.chunks, len(schedule))  # at least one fresh chunk before every fault
     harness.start()
     try:
-        checks = harness.run(harness.full_schedule(args.rounds))
+        checks = harness.run(schedule)
     finally:
         harness.close()
     print_report(harness, checks)

@@ -24,7 +24,7 @@ SCHEDULE = [
 
 
 def test_chaos_fast_subset(tmp_path):
-    harness = Harness(tmp_path, records=6_000, chunks=3, batch_size=1_500, seed=7, liveness_bound_s=300)
+    harness = Harness(tmp_path, records=6_000, chunks=len(SCHEDULE), batch_size=1_500, seed=7, liveness_bound_s=300)
     harness.start()
     try:
         checks = harness.run(SCHEDULE, spacing_s=(2, 6))

@@ -14,6 +14,17 @@ def test_failpoint_fires_once_with_marker_dir(tmp_path, monkeypatch):
     assert failpoints.argument("stage.read") is None
 
 
+def test_failpoints_armed_by_file_while_running(tmp_path, monkeypatch):
+    monkeypatch.delenv(failpoints.FAILPOINTS_ENV, raising=False)
+    monkeypatch.setenv(failpoints.FAILPOINT_DIR_ENV, str(tmp_path))
+    assert failpoints.argument("publish.after_commit") is None
+    (tmp_path / failpoints.ARMED_FILE).write_text("publish.after_commit=kill,stage.read=5")
+    assert failpoints.argument("publish.after_commit") == "kill"
+    assert failpoints.argument("stage.read") == "5"
+    (tmp_path / failpoints.ARMED_FILE).write_text("")
+    assert failpoints.argument("publish.after_commit") is None
+
+
 def test_generator_is_seeded_and_recount_matches():
     lines = generate_lines(2000, ips=10, span_seconds=30, out_of_order=0.2, malformed=0.05, seed=3)
     assert lines == generate_lines(2000, ips=10, span_seconds=30, out_of_order=0.2, malformed=0.05, seed=3)
