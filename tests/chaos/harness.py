@@ -527,11 +527,12 @@ def main() -> int:
     parser.add_argument("--batch-size", type=int, default=10_000)
     parser.add_argument("--rounds", type=int, default=3, help="times each fault is applied per signal")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--liveness-bound", type=float, default=300.0, help="seconds from a fault to the next commit")
     parser.add_argument("--json", type=Path, default=None, help="also write the result here")
     args = parser.parse_args()
     started = time.monotonic()
     work = Path(tempfile.mkdtemp(prefix="microbatch-chaos-"))
-    harness = Harness(work, args.records, args.chunks, args.batch_size, args.seed)
+    harness = Harness(work, args.records, args.chunks, args.batch_size, args.seed, args.liveness_bound)
     schedule = harness.full_schedule(args.rounds)
     harness.chunks = max(harness.chunks, len(schedule))  # at least one fresh chunk before every fault
     harness.start()
