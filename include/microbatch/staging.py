@@ -25,7 +25,7 @@ from microbatch.config import PipelineSpec
 from microbatch.errors import SpecError
 from microbatch.kafka_security import spark_client_options
 from microbatch.ledger import repository as repo
-from microbatch.ledger.database import transaction
+from microbatch.ledger.database import stage_lock, transaction
 from microbatch.ledger.models import BatchState
 from microbatch.planning import OffsetRange
 from microbatch.transform import ERROR_COLUMN, LATE_COLUMN, SparkJob
@@ -122,12 +122,24 @@ def _write_staging(df: DataFrame, table: str, jdbc: Mapping[str, str]) -> None:
 def stage_batch(
     spark: SparkSession, spec: PipelineSpec, batch_id: int, ledger_url: str, bootstrap_servers: str
 ) -> StageResult | None:
-    """Stage one batch under a fresh attempt number; None if the batch is already committed."""
+    """Stage one batch under a fresh attempt number; None if the batch is already committed, or was
+    staged by a concurrent run while this one waited for it."""
+    with stage_lock(ledger_url, batch_id) as waited:
+        return _stage_locked(spark, spec, batch_id, ledger_url, bootstrap_servers, waited)
+
+
+def _stage_locked(
+    spark: SparkSession, spec: PipelineSpec, batch_id: int, ledger_url: str, bootstrap_servers: str, waited: bool
+) -> StageResult | None:
     started = time.monotonic()
     with transaction(ledger_url) as session:
         batch = repo.get_batch(session, batch_id)
         if batch.state == BatchState.COMMITTED.value:
             log.info("batch %s is already committed; nothing to stage (a retry after a commit is a no-op)", batch_id)
+            return None
+        if waited and batch.state == BatchState.STAGED.value:
+            log.info("batch %s was staged by attempt %s of a concurrent run while this one waited; nothing to "
+                     "stage, the commit takes that attempt", batch_id, batch.staged_attempt)
             return None
         attempt = repo.begin_attempt(session, batch_id)
         if attempt is None:

@@ -4,7 +4,11 @@ as Spark would, so these tests need no Spark."""
 
 from __future__ import annotations
 
+import signal
+import subprocess
+import sys
 import threading
+import time
 from datetime import UTC, datetime
 
 import pytest
@@ -13,9 +17,9 @@ from sqlalchemy.exc import IntegrityError
 
 from microbatch.commit import commit_batch
 from microbatch.config import find_spec
-from microbatch.errors import ConcurrentCommitError, ZombieAttemptError
+from microbatch.errors import ConcurrentCommitError, MicrobatchError, ZombieAttemptError
 from microbatch.ledger import repository as repo
-from microbatch.ledger.database import transaction
+from microbatch.ledger.database import stage_lock, transaction
 from microbatch.planning import OffsetRange, Plan
 
 pytestmark = pytest.mark.integration
@@ -176,3 +180,53 @@ def test_only_one_open_scheduled_batch(ledger_url):
     with pytest.raises(IntegrityError, match="uq_batches_one_open_scheduled"), transaction(ledger_url) as session:
         pipeline = repo.ensure_pipeline(session, SPEC)
         repo.insert_batch(session, pipeline, Plan(ranges=(OffsetRange("t", 0, 4, 8),)))
+
+
+def test_a_concurrent_stage_waits_for_the_live_one_instead_of_superseding_it(ledger_url):
+    """Regression (chaos harness): four concurrent runs of one batch superseded each other's attempts in
+    turn for 12 minutes. Now the second stage waits on the batch's advisory lock, then finds the batch
+    staged and leaves it to the commit: no new attempt, one commit."""
+    from microbatch.staging import stage_batch
+
+    with transaction(ledger_url) as session:
+        pipeline = repo.ensure_pipeline(session, SPEC, lock=True)
+        batch_id = repo.insert_batch(session, pipeline, Plan(ranges=(OffsetRange("t", 0, 0, 3),))).id
+    outcome: list[object] = []
+    with stage_lock(ledger_url, batch_id) as waited:  # the live stage
+        assert waited is False
+        with transaction(ledger_url) as session:
+            attempt = repo.begin_attempt(session, batch_id)
+        second = threading.Thread(target=lambda: outcome.append(stage_batch(None, SPEC, batch_id, ledger_url, "")))
+        second.start()
+        time.sleep(2)
+        assert second.is_alive() and outcome == []  # it waits; it did not take a new attempt
+        with transaction(ledger_url) as session:
+            session.execute(text(
+                "INSERT INTO stage_ip_counts (batch_id, attempt, window_start, window_end, ip, count, topic, partition)"
+                " VALUES (:b, :a, :ws, :we, '10.0.0.9', 3, 't', 0)"), {"b": batch_id, "a": attempt, "ws": W0, "we": W1})
+            repo.record_staged(session, batch_id, attempt, {"rows_by_sink": {"ip_counts": 1}}, {}, {})
+    second.join(timeout=30)
+    assert outcome == [None]
+    with transaction(ledger_url) as session:
+        assert repo.get_batch(session, batch_id).attempt == attempt
+        assert commit_batch(session, SPEC, batch_id).attempt == attempt
+    assert sink(ledger_url) == {"10.0.0.9": 3}
+
+
+def test_stage_lock_of_a_killed_holder_is_released_and_a_hung_holder_times_out(ledger_url):
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time\nfrom microbatch.ledger.database import stage_lock\n"
+         "with stage_lock(sys.argv[1], 77):\n    print('locked', flush=True)\n    time.sleep(120)\n", ledger_url],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        with pytest.raises(MicrobatchError, match="Batch 77 is still being staged by another run after 1s"):
+            with stage_lock(ledger_url, 77, wait_s=1, poll_s=0.2):
+                pass
+        holder.send_signal(signal.SIGKILL)
+        holder.wait(timeout=10)
+        started = time.monotonic()
+        with stage_lock(ledger_url, 77, wait_s=20, poll_s=0.2):
+            assert time.monotonic() - started < 20
+    finally:
+        holder.kill()

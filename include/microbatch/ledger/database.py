@@ -4,16 +4,17 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from functools import lru_cache
 from pathlib import Path
 
-from sqlalchemy import Engine, create_engine, make_url
-from sqlalchemy.exc import ArgumentError
+from sqlalchemy import Engine, create_engine, make_url, text
+from sqlalchemy.exc import ArgumentError, DBAPIError
 from sqlalchemy.orm import Session, sessionmaker
 
-from microbatch.errors import ConnectionSettingsError, TransientServiceError
+from microbatch.errors import ConnectionSettingsError, MicrobatchError, TransientServiceError
 
 log = logging.getLogger(__name__)
 LEDGER_URL_ENV = "MICROBATCH_LEDGER_URL"
@@ -88,3 +89,44 @@ def migrate(url: str, revision: str = "head") -> str:
         current = MigrationContext.configure(conn).get_current_revision() or "base"
     log.info("ledger schema at revision %s (%s)", current, safe_url(url))
     return current
+
+
+STAGE_LOCK_NAMESPACE = 0x6D62  # 'mb': the first key of microbatch's advisory locks
+
+
+@contextmanager
+def stage_lock(url: str, batch_id: int, wait_s: float = 3600.0, poll_s: float = 1.0) -> Iterator[bool]:
+    """Hold Postgres's session advisory lock on a batch while this process stages it; yields whether
+    it had to wait for another holder.
+
+    Attempt numbers keep a superseded stage from ever being committed (safety); this lock keeps
+    concurrent live stages from superseding each other in turn forever (liveness): the second one
+    waits instead. Postgres drops the lock when the holder's connection closes, so a killed stage
+    never blocks its retry; if the connection is lost while the holder still runs (a Postgres
+    restart), a newer attempt may start and the attempt check fences the older one.
+    """
+    key = {"ns": STAGE_LOCK_NAMESPACE, "batch": batch_id % 2**31}
+    deadline = time.monotonic() + wait_s
+    waited = False
+    with get_engine(url).connect() as conn:
+        while not conn.execute(text("SELECT pg_try_advisory_lock(:ns, :batch)"), key).scalar_one():
+            conn.commit()
+            if not waited:
+                log.info("batch %s is being staged by another live run; waiting for it to finish "
+                         "(up to %.0fs) instead of superseding it", batch_id, wait_s)
+                waited = True
+            if time.monotonic() > deadline:
+                raise MicrobatchError(
+                    f"Batch {batch_id} is still being staged by another run after {wait_s:.0f}s.",
+                    fix="If that run is hung, stop its spark-submit (the lock goes with its process), then retry.",
+                )
+            time.sleep(poll_s)
+        conn.commit()  # the lock is session-level: it outlives this transaction
+        try:
+            yield waited
+        finally:
+            try:
+                conn.execute(text("SELECT pg_advisory_unlock(:ns, :batch)"), key)
+                conn.commit()
+            except DBAPIError:
+                conn.invalidate()  # the connection is gone, and the lock with it
