@@ -11,7 +11,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from sqlalchemy import Engine, create_engine, make_url, text
-from sqlalchemy.exc import ArgumentError, DBAPIError
+from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
 from microbatch.errors import ConnectionSettingsError, MicrobatchError, TransientServiceError
@@ -128,5 +128,5 @@ def stage_lock(url: str, batch_id: int, wait_s: float = 3600.0, poll_s: float = 
             try:
                 conn.execute(text("SELECT pg_advisory_unlock(:ns, :batch)"), key)
                 conn.commit()
-            except DBAPIError:
+            except SQLAlchemyError:
                 conn.invalidate()  # the connection is gone, and the lock with it
