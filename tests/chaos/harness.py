@@ -43,7 +43,7 @@ from sqlalchemy import text
 from microbatch import localenv
 from microbatch.datagen import LogLine, generate_lines, produce_lines
 from microbatch.devstack import KafkaBroker, LocalPostgres, create_topic
-from microbatch.failpoints import ARMED_FILE, FAILPOINT_DIR_ENV, FAILPOINTS_ENV
+from microbatch.failpoints import ARMED_FILE, FAILPOINT_DIR_ENV
 from microbatch.ledger.database import get_engine, migrate, transaction
 from tests.e2e.helpers import (
     committed_batches,
@@ -164,10 +164,9 @@ class Harness:
 
     # the pipeline -----------------------------------------------------------------------------------
     def start_runner(self, max_runs: int = 2) -> subprocess.Popen:
-        env = dict(self.env)
         log = (self.work / "runs.log").open("a")
         runner = subprocess.Popen([sys.executable, "-m", "microbatch.cli", "run", "ip_count", "--max-runs",
-                                   str(max_runs)], env=env, stdout=log, stderr=subprocess.STDOUT,
+                                   str(max_runs)], env=self.env, stdout=log, stderr=subprocess.STDOUT,
                                   start_new_session=True)
         self.runners.append(runner)
         return runner
@@ -238,10 +237,9 @@ class Harness:
         tmp.replace(path)  # readers see the old list or the new one, never half of it
 
     def kill_python_worker(self, sig: int) -> str:
-        """Kill the Python workers of a stage mid-read. The ip_count job runs in the JVM, so the next run
-        arms `stage.read` with a limit it never reaches: the records then pass through a Python (Arrow)
-        worker, as in a job with Python UDFs, and that worker is the one killed."""
-        self._arm("stage.read=1000000000000")  # already armed by prepare(), before this fault's input
+        """Kill the Python workers of a stage mid-read. The ip_count job runs in the JVM, so prepare() armed
+        `stage.read` with a limit it never reaches: the records then pass through a Python (Arrow) worker,
+        as in a job with Python UDFs, and that worker is the one killed."""
         try:
             procs = _wait_for(lambda: _matching("pyspark.daemon", self.env["MICROBATCH_PIPELINES_DIR"]), 180)
         finally:
@@ -347,7 +345,7 @@ class Harness:
         self.stop_loop()
         for _ in range(4):
             result = subprocess.run([sys.executable, "-m", "microbatch.cli", "run", "ip_count", "--max-runs", "30"],
-                                    env={k: v for k, v in self.env.items() if k != FAILPOINTS_ENV},
+                                    env=self.env,  # stop_loop() disarmed every failpoint
                                     capture_output=True, text=True, check=False)
             if result.returncode == 0:
                 return
