@@ -30,7 +30,7 @@ from microbatch.config import KafkaSink, PipelineSpec
 from microbatch.errors import SpecError
 from microbatch.kafka_security import client_kwargs
 from microbatch.ledger import repository as repo
-from microbatch.ledger.database import transaction
+from microbatch.ledger.database import publish_lock, transaction
 
 log = logging.getLogger(__name__)
 SEQ_HEADER = "microbatch.seq"
@@ -152,6 +152,12 @@ def publish_sink(spec: PipelineSpec, sink: KafkaSink, ledger_url: str, bootstrap
         pipeline_id = pipeline.id if pipeline else None
     if pipeline_id is None:
         return PublishResult(sink.name, sink.topic, 0, 0, 0, 0, 0.0)
+    with publish_lock(ledger_url, pipeline_id, sink.name):  # one live publisher per sink; see publish_lock
+        return _publish_locked(sink, ledger_url, bootstrap_servers, pipeline_id, started)
+
+
+def _publish_locked(sink: KafkaSink, ledger_url: str, bootstrap_servers: str, pipeline_id: int,
+                    started: float) -> PublishResult:
     progress, highest = pending_bounds(ledger_url, pipeline_id, sink.name)
     if progress >= highest:
         # Progress is written only after a Kafka commit, so it never runs ahead of the topic.

@@ -9,10 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import socket
-import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -26,6 +22,7 @@ from sqlalchemy import text
 from microbatch.commit import commit_batch
 from microbatch.config import find_spec
 from microbatch.datagen import generate_lines, produce_lines
+from microbatch.devstack import AirflowStandalone
 from microbatch.ledger import repository as repo
 from microbatch.ledger.database import transaction
 from microbatch.ledger.models import BatchKind
@@ -40,12 +37,6 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-backg
 RUN_1 = "scheduled__2026-11-22T12:00:00+00:00"
 RUN_2 = "manual__2026-11-22T12:00:30.123456+00:00"
 BACKFILL_RUN = "backfill__2026-11-22T13:00:00+00:00"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def stage_and_commit(url: str, spec, batch_id: int) -> None:
@@ -110,90 +101,12 @@ def specs(topic: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return directory
 
 
-class StandaloneAirflow:
-    """`airflow standalone` on free ports, in its own AIRFLOW_HOME and process group."""
-
-    def __init__(self, env: dict[str, str], home: Path, log_path: Path) -> None:
-        self.port = free_port()
-        self.base = f"http://127.0.0.1:{self.port}"
-        self.home, self.log_path = home, log_path
-        env = {
-            **env,
-            "AIRFLOW_HOME": str(home),
-            "AIRFLOW__API__PORT": str(self.port),
-            "AIRFLOW__API__HOST": "127.0.0.1",
-            "AIRFLOW__API__BASE_URL": self.base,
-            "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{self.base}/execution/",
-            "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(free_port()),
-            "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(free_port()),
-            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": "operator:viewer,admin:admin",
-            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "False",
-            "AIRFLOW__CORE__LAZY_LOAD_PLUGINS": "False",
-            "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
-        }
-        self.started = time.monotonic()
-        with log_path.open("w") as log:
-            self.proc = subprocess.Popen([str(Path(sys.executable).parent / "airflow"), "standalone"], env=env,
-                                         stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-
-    def wait_ready(self, timeout: float = 90) -> dict[str, str]:
-        """Wait for the api-server's health endpoint; return the generated login of the test user."""
-        while True:
-            assert self.proc.poll() is None, f"airflow standalone exited: {self.log_path.read_text()[-3000:]}"
-            try:
-                with urllib.request.urlopen(f"{self.base}/api/v2/monitor/health", timeout=2):
-                    break
-            except (urllib.error.URLError, OSError):
-                if time.monotonic() > self.started + timeout:
-                    pytest.fail(f"the api-server did not come up: {self.log_path.read_text()[-3000:]}")
-                time.sleep(0.5)
-        print(f"airflow standalone answered after {time.monotonic() - self.started:.1f}s")
-        passwords = json.loads((self.home / "simple_auth_manager_passwords.json.generated").read_text())
-        self.admin_password = passwords["admin"]
-        return {"user": "operator", "password": passwords["operator"]}
-
-    def api(self, method: str, path: str, body: dict | None = None) -> tuple[int, dict]:
-        """Airflow's REST API as the admin user (a JWT from /auth/token)."""
-        if not getattr(self, "token", None):
-            request = urllib.request.Request(
-                f"{self.base}/auth/token", method="POST", headers={"Content-Type": "application/json"},
-                data=json.dumps({"username": "admin", "password": self.admin_password}).encode())
-            with urllib.request.urlopen(request, timeout=20) as response:
-                self.token = json.loads(response.read())["access_token"]
-        request = urllib.request.Request(
-            f"{self.base}{path}", method=method, data=None if body is None else json.dumps(body).encode(),
-            headers={"Authorization": f"Bearer {self.token}", "Content-Type": "application/json"})
-        try:
-            with urllib.request.urlopen(request, timeout=20) as response:
-                return response.status, json.loads(response.read() or b"{}")
-        except urllib.error.HTTPError as exc:
-            return exc.code, json.loads(exc.read() or b"{}")
-
-    def stop(self) -> None:
-        # standalone runs its components as its children, in the session it leads: stop exactly that group.
-        try:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            self.proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(timeout=10)
-        except ProcessLookupError:
-            pass
-        # Its components may outlive it for a moment: wait for the whole group, then kill what is left.
-        for attempt in range(50):  # 10 s at most; zombies awaiting their reaper can stay listed
-            try:
-                os.killpg(self.proc.pid, signal.SIGKILL if attempt == 25 else 0)
-            except ProcessLookupError:
-                return
-            time.sleep(0.2)
-
-
 @pytest.fixture
-def airflow_server(service_env: dict[str, str], specs: Path, tmp_path: Path) -> Iterator[StandaloneAirflow]:
+def airflow_server(service_env: dict[str, str], specs: Path, tmp_path: Path) -> Iterator[AirflowStandalone]:
     """Started, not yet ready: the test fills the ledger while Airflow boots. Always stopped after."""
     home = tmp_path / "airflow_home"
     home.mkdir()
-    server = StandaloneAirflow({**os.environ, **service_env}, home, tmp_path / "airflow-standalone.log")
+    server = AirflowStandalone({**os.environ, **service_env}, home, tmp_path / "airflow-standalone.log")
     try:
         yield server
     finally:
@@ -299,7 +212,7 @@ def test_ledger_page_shows_the_ledger_behind_airflow_login(airflow_server, servi
     backfill_through_the_rest_api(airflow_server, url, topic)
 
 
-def backfill_through_the_rest_api(server: StandaloneAirflow, url: str, topic: str) -> None:
+def backfill_through_the_rest_api(server: AirflowStandalone, url: str, topic: str) -> None:
     """The backfill DAG triggered through Airflow's REST API: bad params are refused by Airflow's own
     Param validation before any run exists; a dry run is planned by the real scheduler and writes nothing."""
     dag = "ip_count__backfill"

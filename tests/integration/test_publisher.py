@@ -19,7 +19,7 @@ from microbatch.config import find_spec
 from microbatch.devstack import create_topic
 from microbatch.failpoints import EXIT_CODE, FAILPOINT_DIR_ENV, FAILPOINTS_ENV
 from microbatch.ledger import repository as repo
-from microbatch.ledger.database import transaction
+from microbatch.ledger.database import publish_lock, transaction
 from microbatch.planning import OffsetRange, Plan
 from microbatch.publisher import last_published_seq, publish_sink
 from tests.e2e.helpers import read_output, write_test_spec
@@ -152,3 +152,27 @@ def test_missing_output_topic_is_a_clear_error(ledger_url, kafka, topic, tmp_pat
     with pytest.raises(Exception, match=f"The output topic '{topic}_out' does not exist"):
         publish_sink(spec, spec.kafka_sinks[0], ledger_url, kafka.bootstrap_servers)
     create_topic(kafka.bootstrap_servers, f"{topic}_out", 1)
+
+
+def test_concurrent_publishers_of_a_sink_wait_for_each_other_instead_of_fencing(outbox, ledger_url, service_env,
+                                                                                 kafka, tmp_path):
+    """Two live publishers of one sink share its transactional id: without the publish lock the fenced one
+    blocked for two minutes and failed. Both now wait for the holder, then one publishes and one finds
+    nothing left."""
+    spec, topic = outbox
+    env = {**os.environ, **service_env, "MICROBATCH_PIPELINES_DIR": os.environ["MICROBATCH_PIPELINES_DIR"]}
+    with transaction(ledger_url) as session:
+        pipeline_id = repo.get_pipeline(session, spec.name).id
+    logs = [tmp_path / f"publisher{i}.log" for i in range(2)]
+    with publish_lock(ledger_url, pipeline_id, "ip_count_sink"):  # a live publisher holds the sink
+        runs = [subprocess.Popen([sys.executable, "-m", "microbatch.cli", "publish", "ip_count"], env=env,
+                                 stdout=log.open("w"), stderr=subprocess.STDOUT) for log in logs]
+        deadline = time.monotonic() + 120
+        while not all("still being published" in log.read_text() for log in logs):
+            assert all(run.poll() is None for run in runs), [log.read_text()[-2000:] for log in logs]
+            assert time.monotonic() < deadline, "the publishers never reported waiting for the lock"
+            time.sleep(0.5)
+        assert last_published_seq(kafka.bootstrap_servers, topic) == 0
+    codes = [run.wait(timeout=120) for run in runs]
+    assert codes == [0, 0], [log.read_text()[-2000:] for log in logs]
+    assert_published_once(kafka.bootstrap_servers, topic, 1200)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from functools import lru_cache
@@ -91,42 +92,65 @@ def migrate(url: str, revision: str = "head") -> str:
     return current
 
 
-STAGE_LOCK_NAMESPACE = 0x6D62  # 'mb': the first key of microbatch's advisory locks
+STAGE_LOCK_NAMESPACE = 0x6D62  # 'mb': the first key of microbatch's advisory locks on batches
+PUBLISH_LOCK_NAMESPACE = 0x6D70  # 'mp': on the publisher of one sink
 
 
 @contextmanager
-def stage_lock(url: str, batch_id: int, wait_s: float = 3600.0, poll_s: float = 1.0) -> Iterator[bool]:
-    """Hold Postgres's session advisory lock on a batch while this process stages it; yields whether
-    it had to wait for another holder.
-
-    Attempt numbers keep a superseded stage from ever being committed (safety); this lock keeps
-    concurrent live stages from superseding each other in turn forever (liveness): the second one
-    waits instead. Postgres drops the lock when the holder's connection closes, so a killed stage
-    never blocks its retry; if the connection is lost while the holder still runs (a Postgres
-    restart), a newer attempt may start and the attempt check fences the older one.
-    """
-    key = {"ns": STAGE_LOCK_NAMESPACE, "batch": batch_id % 2**31}
+def _advisory_lock(url: str, namespace: int, key: int, busy: str, timeout_fix: str, wait_s: float,
+                   poll_s: float) -> Iterator[bool]:
+    """Hold Postgres's session advisory lock (namespace, key) while the body runs; yield whether it had
+    to wait for another holder. Postgres drops the lock when the holder's connection closes, so a killed
+    holder never blocks the next one."""
+    params = {"ns": namespace, "key": key % 2**31}
     deadline = time.monotonic() + wait_s
     waited = False
     with get_engine(url).connect() as conn:
-        while not conn.execute(text("SELECT pg_try_advisory_lock(:ns, :batch)"), key).scalar_one():
+        while not conn.execute(text("SELECT pg_try_advisory_lock(:ns, :key)"), params).scalar_one():
             conn.commit()
             if not waited:
-                log.info("batch %s is being staged by another live run; waiting for it to finish "
-                         "(up to %.0fs) instead of superseding it", batch_id, wait_s)
+                log.warning("%s by another live run; waiting for it to finish (up to %.0fs)", busy, wait_s)
                 waited = True
             if time.monotonic() > deadline:
-                raise MicrobatchError(
-                    f"Batch {batch_id} is still being staged by another run after {wait_s:.0f}s.",
-                    fix="If that run is hung, stop its spark-submit (the lock goes with its process), then retry.",
-                )
+                raise MicrobatchError(f"{busy} by another run after {wait_s:.0f}s.", fix=timeout_fix)
             time.sleep(poll_s)
         conn.commit()  # the lock is session-level: it outlives this transaction
         try:
             yield waited
         finally:
             try:
-                conn.execute(text("SELECT pg_advisory_unlock(:ns, :batch)"), key)
+                conn.execute(text("SELECT pg_advisory_unlock(:ns, :key)"), params)
                 conn.commit()
             except SQLAlchemyError:
                 conn.invalidate()  # the connection is gone, and the lock with it
+
+
+@contextmanager
+def stage_lock(url: str, batch_id: int, wait_s: float = 3600.0, poll_s: float = 1.0) -> Iterator[bool]:
+    """Hold the batch's advisory lock while this process stages it; yields whether it had to wait.
+
+    Attempt numbers keep a superseded stage from ever being committed (safety); this lock keeps
+    concurrent live stages from superseding each other in turn forever (liveness): the second one
+    waits instead of superseding. If the connection is lost while the holder still runs (a Postgres
+    restart), a newer attempt may start and the attempt check fences the older one.
+    """
+    with _advisory_lock(url, STAGE_LOCK_NAMESPACE, batch_id, f"Batch {batch_id} is still being staged",
+                        "If that run is hung, stop its spark-submit (the lock goes with its process), then retry.",
+                        wait_s, poll_s) as waited:
+        yield waited
+
+
+@contextmanager
+def publish_lock(url: str, pipeline_id: int, sink: str, wait_s: float = 600.0, poll_s: float = 0.5) -> Iterator[bool]:
+    """Hold the advisory lock of one sink's publisher; yields whether it had to wait.
+
+    Two live publishers of a sink share its transactional id, so each would fence the other: the
+    fenced one then blocks until its batches expire (two minutes by default) and fails. With this
+    lock the second publisher waits a moment, then finds the outbox already published. Fencing still
+    guards the case the lock cannot see (a holder cut off from Postgres that still reaches Kafka).
+    """
+    key = zlib.crc32(f"{pipeline_id}/{sink}".encode())
+    with _advisory_lock(url, PUBLISH_LOCK_NAMESPACE, key, f"Sink {sink} is still being published",
+                        "If that run is hung, stop its publish task (the lock goes with its process), then retry.",
+                        wait_s, poll_s) as waited:
+        yield waited

@@ -1,0 +1,175 @@
+"""Airflow's own overhead around the work, in a `@continuous` DAG run by the real scheduler.
+
+It starts a private Kafka + PostgreSQL, produces --records access-log lines over 4 partitions, writes
+an ip_count spec with `schedule: "@continuous"` and --batch records per batch, starts
+`airflow standalone` (scheduler, dag-processor, LocalExecutor, api-server) on free ports, unpauses the
+DAG, and lets it run until every record is committed plus --idle-runs runs that find nothing new.
+Then it reads the task instances from Airflow's REST API and the work times from the ledger, and
+reports (medians):
+
+- the gaps Airflow adds: DAG run start -> first task start, between consecutive tasks, last task
+  end -> run end, and run end -> next run start (what `@continuous` costs between runs);
+- each task's duration against the work inside it (the ledger's plan_s, read_s + stage_write_s,
+  commit_s): the difference is the task process start (and for the stage, spark-submit's JVM +
+  Spark start).
+
+    PYTHONPATH=include:. .venv/bin/python bench/airflow_overhead.py --records 5000 --batch 1000
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import os
+import sys
+import time
+from datetime import datetime
+from pathlib import Path
+from urllib.parse import quote
+
+import yaml
+from sqlalchemy import text
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import local_stack, machine, median, print_table, reproduce_command, write_results, write_spec
+
+TOPIC = "bench_overhead"
+DAG_ID = "ip_count"
+TASKS = ("plan", "stage", "commit")
+
+
+def _ts(value: str | None) -> float | None:
+    return datetime.fromisoformat(value).timestamp() if value else None
+
+
+def _tail(work: Path) -> str:
+    """The end of standalone's log and of the task logs: the stack's directory is removed on exit."""
+    logs = [work / "airflow.log", *sorted((work / "airflow" / "logs").rglob("*.log"))[-3:]]
+    return "\n".join(f"--- {p}\n{p.read_text()[-2000:]}" for p in logs if p.exists())
+
+
+def run_gaps(runs: list[dict], tis: dict[str, list[dict]]) -> dict[str, list[float]]:
+    """Seconds Airflow spends around the tasks of each finished run, from the REST API's timestamps."""
+    gaps: dict[str, list[float]] = {}
+
+    def add(name: str, value: float | None) -> None:
+        if value is not None:
+            gaps.setdefault(name, []).append(round(value, 3))
+
+    ordered = sorted((r for r in runs if r.get("start_date") and r.get("end_date")), key=lambda r: r["start_date"])
+    for prev, run in zip([None, *ordered], ordered, strict=False):
+        if prev is not None:
+            add("run end -> next run start", _ts(run["start_date"]) - _ts(prev["end_date"]))
+        started = [t for t in tis.get(run["dag_run_id"], []) if t.get("start_date") and t.get("end_date")]
+        started.sort(key=lambda t: t["start_date"])
+        if not started:
+            continue
+        kind = "work run" if any(t["task_id"] == "commit" for t in started) else "idle run"
+        add(f"run start -> first task start ({kind})", _ts(started[0]["start_date"]) - _ts(run["start_date"]))
+        for a, b in itertools.pairwise(started):
+            add(f"{a['task_id']} end -> {b['task_id']} start", _ts(b["start_date"]) - _ts(a["end_date"]))
+        add(f"last task end -> run end ({kind})", _ts(run["end_date"]) - _ts(started[-1]["end_date"]))
+        add(f"whole run ({kind})", _ts(run["end_date"]) - _ts(run["start_date"]))
+    return gaps
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--records", type=int, default=5_000)
+    parser.add_argument("--batch", type=int, default=1_000, help="max records per batch")
+    parser.add_argument("--idle-runs", type=int, default=5, help="runs that find nothing new, after the last commit")
+    parser.add_argument("--timeout", type=float, default=1800)
+    args = parser.parse_args(argv)
+    results: dict = {"machine": machine(), "args": vars(args)}
+
+    from microbatch import localenv
+    from microbatch.datagen import generate_lines, produce_lines
+    from microbatch.devstack import AirflowStandalone, create_topic
+    from microbatch.ledger.database import transaction
+
+    with local_stack("mb-overhead-") as stack:
+        create_topic(stack.bootstrap, TOPIC, 4)
+        produce_lines(stack.bootstrap, TOPIC, generate_lines(args.records, malformed=0.0, seed=3))
+        url = stack.fresh_ledger("overhead")
+        spec_dir = write_spec(stack.work_dir / "pipelines", [TOPIC], args.batch)
+        spec_path = spec_dir / "ip_count.yaml"
+        spec = yaml.safe_load(spec_path.read_text())
+        spec["schedule"] = "@continuous"
+        spec["retries"] = {"count": 0, "delay_seconds": 1}
+        spec_path.write_text(yaml.safe_dump(spec))
+        env = {**localenv.local_env(), "MICROBATCH_LEDGER_URL": url, "MICROBATCH_KAFKA_BOOTSTRAP": stack.bootstrap,
+               "MICROBATCH_PIPELINES_DIR": str(spec_dir)}
+        home = stack.work_dir / "airflow"
+        home.mkdir()
+        server = AirflowStandalone({**os.environ, **env}, home, stack.work_dir / "airflow.log")
+        try:
+            server.wait_ready(timeout=300)
+            deadline = time.monotonic() + 300
+            while server.api("GET", f"/api/v2/dags/{DAG_ID}")[0] != 200:  # the dag-processor has parsed it
+                if time.monotonic() > deadline:
+                    raise RuntimeError("the DAG never appeared:\n" + _tail(stack.work_dir))
+                time.sleep(1)
+            status, body = server.api("PATCH", f"/api/v2/dags/{DAG_ID}", {"is_paused": False})
+            if status != 200:
+                raise RuntimeError(f"could not unpause {DAG_ID}: {status} {body}")
+            unpaused = time.monotonic()
+            print(f"{DAG_ID} unpaused; waiting for {args.records:,} records and {args.idle_runs} idle runs", flush=True)
+            runs: list[dict] = []
+            caught_up_at = None  # finished runs when the last record was committed
+            while True:
+                with transaction(url) as session:
+                    committed = session.execute(text(
+                        "SELECT coalesce(sum((counts->>'records')::bigint), 0) FROM batches "
+                        "WHERE state = 'committed'")).scalar_one()
+                runs = server.api("GET", f"/api/v2/dags/{DAG_ID}/dagRuns?limit=100&order_by=start_date")[1]
+                runs = runs.get("dag_runs", [])
+                failed = [r for r in runs if r["state"] == "failed"]
+                if failed:
+                    raise RuntimeError(f"run {failed[0]['dag_run_id']} failed:\n" + _tail(stack.work_dir))
+                finished = sum(1 for r in runs if r["state"] == "success")
+                if committed >= args.records and caught_up_at is None:
+                    caught_up_at = finished
+                if caught_up_at is not None and finished > caught_up_at + args.idle_runs:
+                    break
+                if time.monotonic() - unpaused > args.timeout:
+                    raise RuntimeError(f"only {committed} of {args.records} records committed in {args.timeout:.0f}s")
+                time.sleep(2)
+            tis = {}
+            for run in runs:
+                path = f"/api/v2/dags/{DAG_ID}/dagRuns/{quote(run['dag_run_id'], safe='')}/taskInstances"
+                tis[run["dag_run_id"]] = server.api("GET", path)[1].get("task_instances", [])
+        finally:
+            server.stop()
+        with transaction(url) as session:
+            batches = session.execute(text("SELECT airflow_run_id, timings FROM batches WHERE state = 'committed'")
+                                      ).all()
+
+    gaps = run_gaps([r for r in runs if r["state"] == "success"], tis)
+    work = {run_id: timings for run_id, timings in batches}
+    inside: dict[str, list[float]] = {}
+    for run_id, timings in work.items():
+        for ti in tis.get(run_id, []):
+            if ti["task_id"] not in TASKS or ti.get("duration") is None:
+                continue
+            inner = {"plan": timings.get("plan_s"), "commit": timings.get("commit_s"),
+                     "stage": (timings.get("read_s") or 0) + (timings.get("stage_write_s") or 0)}[ti["task_id"]]
+            inside.setdefault(f"{ti['task_id']}: task duration", []).append(ti["duration"])
+            inside.setdefault(f"{ti['task_id']}: work inside (ledger)", []).append(inner or 0.0)
+            inside.setdefault(f"{ti['task_id']}: overhead (duration - work)", []).append(ti["duration"] - (inner or 0))
+    results["gaps_s"] = gaps
+    results["tasks_s"] = inside
+    results["runs"] = len(runs)
+    results["batches"] = len(batches)
+    results["command"] = reproduce_command("airflow_overhead.py", argv)
+    path = write_results("airflow_overhead", results)
+    print_table(f"Airflow around the tasks of a @continuous DAG ({len(runs)} runs, {len(batches)} batches; medians, s)",
+                ["gap", "n", "median s", "max s"],
+                [[k, len(v), median(v), max(v)] for k, v in sorted(gaps.items())])
+    print_table("Task duration against the work inside it (work runs; medians, s)", ["task", "n", "median s"],
+                [[k, len(v), median(v)] for k, v in inside.items()])
+    print(f"results: {path}\nreproduce: {results['command']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

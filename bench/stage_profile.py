@@ -1,0 +1,72 @@
+"""A profile of the stage's read: Kafka read, parse, cache and aggregate, step by step in one Spark session.
+
+Explains the gap between c (microbatch's stage) and b (a raw Spark read + count()) in bench/throughput.py:
+it produces the same kind of topic (N ~105-byte access-log lines over 8 partitions) and runs
+bench/spark_apps/stage_profile.py, which times each step as its own Spark action, --reps times
+(the last repetition is the steady state, with the JIT warm).
+
+    PYTHONPATH=include:. .venv/bin/python bench/stage_profile.py --records 1000000 --reps 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import (
+    APPS,
+    end_offsets,
+    local_stack,
+    machine,
+    median,
+    payload_file,
+    print_table,
+    produce,
+    reproduce_command,
+    spark_submit,
+    write_results,
+)
+
+TOPIC = "bench_profile"
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--records", type=int, default=1_000_000)
+    parser.add_argument("--partitions", type=int, default=8)
+    parser.add_argument("--reps", type=int, default=3)
+    args = parser.parse_args(argv)
+    n = args.records
+    results: dict = {"machine": machine(), "args": vars(args)}
+    from microbatch.devstack import create_topic
+
+    with local_stack("mb-profile-") as stack:
+        create_topic(stack.bootstrap, TOPIC, args.partitions)
+        results["produce"] = produce(stack.bootstrap, TOPIC, n, payload_file(stack.work_dir / "payload.txt"))
+        ends = end_offsets(stack.bootstrap, TOPIC)
+        ranges = stack.work_dir / "ranges.json"
+        ranges.write_text(json.dumps([{"topic": TOPIC, "partition": p, "start": 0, "end": e}
+                                      for p, e in sorted(ends.items())]))
+        run = spark_submit(APPS / "stage_profile.py", [str(ranges), str(args.reps)],
+                           {"MICROBATCH_KAFKA_BOOTSTRAP": stack.bootstrap},
+                           conf={"spark.sql.shuffle.partitions": "4"}, driver_memory="1g")
+    runs = run.json_lines()[-1]["runs"]
+    results["runs"] = runs
+    steady = {step: median([r[step] for r in runs[1:] or runs]) for step in runs[0]}
+    results["steady_s"] = steady
+    results["command"] = reproduce_command("stage_profile.py", argv)
+    path = write_results("stage_profile", results)
+    base = steady["1 read + count()"]
+    print_table(f"The stage's read, step by step: {n:,} records, {args.partitions} partitions "
+                f"(median of reps 2..{args.reps}; rep 1 warms the JIT)",
+                ["step", "first rep s", "steady s", "records/s", "x read + count()"],
+                [[step, runs[0][step], s, n / s, s / base] for step, s in steady.items()])
+    print(f"results: {path}\nreproduce: {results['command']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
