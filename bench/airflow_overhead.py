@@ -60,11 +60,13 @@ def run_gaps(runs: list[dict], tis: dict[str, list[dict]]) -> dict[str, list[flo
     for prev, run in zip([None, *ordered], ordered, strict=False):
         if prev is not None:
             add("run end -> next run start", _ts(run["start_date"]) - _ts(prev["end_date"]))
-        started = [t for t in tis.get(run["dag_run_id"], []) if t.get("start_date") and t.get("end_date")]
+        # Tasks that ran: skipped ones (stage and commit of a run with nothing new) carry timestamps too.
+        started = [t for t in tis.get(run["dag_run_id"], [])
+                   if t.get("state") == "success" and t.get("start_date") and t.get("end_date")]
         started.sort(key=lambda t: t["start_date"])
         if not started:
             continue
-        kind = "work run" if any(t["task_id"] == "commit" for t in started) else "idle run"
+        kind = "work run" if any(t["task_id"] == "stage" for t in started) else "idle run"
         add(f"run start -> first task start ({kind})", _ts(started[0]["start_date"]) - _ts(run["start_date"]))
         for a, b in itertools.pairwise(started):
             add(f"{a['task_id']} end -> {b['task_id']} start", _ts(b["start_date"]) - _ts(a["end_date"]))
