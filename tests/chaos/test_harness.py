@@ -24,7 +24,7 @@ SCHEDULE = [
 
 
 def test_chaos_fast_subset(tmp_path):
-    harness = Harness(tmp_path, records=10_000, chunks=len(SCHEDULE), batch_size=2_500, seed=7, liveness_bound_s=300)
+    harness = Harness(tmp_path, records=10_000, chunks=len(SCHEDULE), batch_size=10_000, seed=7, liveness_bound_s=300)
     harness.start()
     try:
         checks = harness.run(SCHEDULE, spacing_s=(0.5, 2))
