@@ -7,7 +7,7 @@ Spark Connect mode (--connect, prototype): a long-lived Spark Connect server sta
 pyspark wheel's SparkConnectServer class, as start-connect-server.sh runs it) with the same jars; the
 stage runs staging.stage_batch through a Connect client (bench/connect_stage.py), so no JVM starts per batch.
 "plan->commit" = plan + stage process + commit (each phase's own time; Python task-process start is
-shown apart). Airflow's own scheduling gap between tasks is not measured here.
+shown apart). Airflow's own scheduling gap between tasks: bench/airflow_overhead.py.
 
     PYTHONPATH=include:. .venv/bin/python bench/latency.py --connect
 """
