@@ -139,6 +139,21 @@ def end_offsets(bootstrap: str, topic: str) -> dict[int, int]:
     return {tp.partition: offset for tp, offset in latest.items()}
 
 
+def filled_topic(stack: Stack, topic: str, records: int, partitions: int) -> tuple[dict, dict[int, int], Path]:
+    """A new topic holding `records` payload lines: (production figures, end offsets, a ranges file over all of it)."""
+    from microbatch.devstack import create_topic
+
+    create_topic(stack.bootstrap, topic, partitions)
+    produced = produce(stack.bootstrap, topic, records, payload_file(stack.work_dir / "payload.txt"))
+    ends = end_offsets(stack.bootstrap, topic)
+    if sum(ends.values()) != records:
+        raise RuntimeError(f"the topic holds {sum(ends.values())} records, expected {records}")
+    ranges = stack.work_dir / "ranges.json"
+    ranges.write_text(json.dumps([{"topic": topic, "partition": p, "start": 0, "end": e}
+                                  for p, e in sorted(ends.items())]))
+    return produced, ends, ranges
+
+
 # ---------------------------------------------------------------- processes
 
 

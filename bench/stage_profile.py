@@ -11,20 +11,17 @@ bench/spark_apps/stage_profile.py, which times each step as its own Spark action
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import (
     APPS,
-    end_offsets,
+    filled_topic,
     local_stack,
     machine,
     median,
-    payload_file,
     print_table,
-    produce,
     reproduce_command,
     spark_submit,
     write_results,
@@ -41,15 +38,8 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     n = args.records
     results: dict = {"machine": machine(), "args": vars(args)}
-    from microbatch.devstack import create_topic
-
     with local_stack("mb-profile-") as stack:
-        create_topic(stack.bootstrap, TOPIC, args.partitions)
-        results["produce"] = produce(stack.bootstrap, TOPIC, n, payload_file(stack.work_dir / "payload.txt"))
-        ends = end_offsets(stack.bootstrap, TOPIC)
-        ranges = stack.work_dir / "ranges.json"
-        ranges.write_text(json.dumps([{"topic": TOPIC, "partition": p, "start": 0, "end": e}
-                                      for p, e in sorted(ends.items())]))
+        results["produce"], _, ranges = filled_topic(stack, TOPIC, n, args.partitions)
         run = spark_submit(APPS / "stage_profile.py", [str(ranges), str(args.reps)],
                            {"MICROBATCH_KAFKA_BOOTSTRAP": stack.bootstrap},
                            conf={"spark.sql.shuffle.partitions": "4"}, driver_memory="1g")

@@ -17,7 +17,6 @@ Peak RSS (psutil sampling of the process tree) of the stage spark-submit and of 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -28,15 +27,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import (
     APPS,
     Stack,
-    end_offsets,
+    filled_topic,
     kafka_tool,
     local_stack,
     machine,
     median,
-    payload_file,
     phase,
     print_table,
-    produce,
     reproduce_command,
     spark_submit,
     write_results,
@@ -162,18 +159,8 @@ def main(argv: list[str]) -> int:
     results: dict = {"machine": machine(), "args": vars(args), "runs": {}}
     runs = results["runs"]
     with local_stack() as stack:
-        from microbatch.devstack import create_topic
-
-        create_topic(stack.bootstrap, TOPIC, args.partitions)
-        payload = payload_file(stack.work_dir / "payload.txt")
-        results["produce"] = produce(stack.bootstrap, TOPIC, n, payload)
-        ends = end_offsets(stack.bootstrap, TOPIC)
-        if sum(ends.values()) != n:
-            raise RuntimeError(f"the topic holds {sum(ends.values())} records, expected {n}")
+        results["produce"], ends, ranges_file = filled_topic(stack, TOPIC, n, args.partitions)
         results["partition_sizes"] = ends
-        ranges_file = stack.work_dir / "ranges.json"
-        ranges_file.write_text(json.dumps([{"topic": TOPIC, "partition": p, "start": 0, "end": e}
-                                           for p, e in sorted(ends.items())]))
         print(f"produced {n:,} records in {results['produce']['seconds']}s; measuring...", flush=True)
         for rep in range(args.reps):
             runs.setdefault("a_kafka_consumer", []).append(consumer_perf(stack, n))
