@@ -54,9 +54,17 @@ class IpCount:
     """Implements `microbatch.transform.SparkJob`."""
 
     def parse(self, records: DataFrame, options: Mapping[str, Any], state: Mapping[str, Any]) -> DataFrame:
-        line = F.col("value").cast("string")
-        ip = F.regexp_extract(line, LINE_PATTERN, 1)
-        event_time = F.try_to_timestamp(F.regexp_extract(line, LINE_PATTERN, 2), F.lit(TIME_FORMAT))
+        # One projection per step, each referring to the previous step's columns: Spark then evaluates each
+        # regex and the time parse once per record. Written as one nested expression, the CASE WHEN of `error`
+        # re-evaluated them per branch (bench/stage_profile.py: parse + aggregate 2.40 s -> 1.44 s per 1M).
+        source = ["topic", "partition", "offset", "value", "timestamp"]
+        fields = records.select(*source, F.col("value").cast("string").alias("_line")).select(
+            *source,
+            F.regexp_extract("_line", LINE_PATTERN, 1).alias("ip"),
+            F.regexp_extract("_line", LINE_PATTERN, 2).alias("_time"),
+        )
+        typed = fields.select(*source, "ip", F.try_to_timestamp("_time", F.lit(TIME_FORMAT)).alias("event_time"))
+        ip, event_time = F.col("ip"), F.col("event_time")
         error = (
             F.when(F.col("value").isNull(), F.lit("empty record"))
             .when(ip == "", F.lit("not an access-log line: no client IP and [time] found"))
@@ -69,15 +77,12 @@ class IpCount:
         too_far_ahead = F.unix_seconds(event_time) > F.unix_seconds(F.col("timestamp")) + ahead
         error = error.when(too_far_ahead, F.lit(
             f"the [time] field is more than {ahead} s ahead of the record's Kafka timestamp"))
+        checked = typed.select("topic", "partition", "offset", "value", "ip", "event_time", error.alias("error"))
         width = window_seconds(options)
         window_end_us = (F.floor(F.unix_seconds(event_time) / width) * width + width) * MICROS
         watermark = state.get("watermark_us")
         late = F.lit(False) if watermark is None else F.coalesce(window_end_us <= F.lit(watermark), F.lit(False))
-        return records.select(
-            "topic", "partition", "offset", "value",
-            ip.alias("ip"), event_time.alias("event_time"), error.alias("error"),
-            (error.isNull() & late).alias("late"),
-        )
+        return checked.select("*", (F.col("error").isNull() & late).alias("late"))
 
     def state_metrics(self, options: Mapping[str, Any]) -> dict[str, Column]:
         good = F.col("error").isNull() & ~F.col("late")

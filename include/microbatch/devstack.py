@@ -461,6 +461,100 @@ class SparkStandalone:
         self.processes.clear()
 
 
+class SparkConnectServer:
+    """A long-lived Spark Connect server (the pyspark wheel's `SparkConnectServer` class, which
+    `start-connect-server.sh` runs) with the connector jars, on a free loopback port.
+
+    The stage task of a pipeline in `spark.mode: connect` submits to it through the Connect client,
+    so no JVM starts per batch. Its Python workers import the platform from `include/` (failpoints,
+    UDFs of a job), as the executors of a spark-submit do.
+    """
+
+    def __init__(self, work_dir: Path, port: int | None = None, master: str = "local[2]",
+                 driver_memory: str = "1g", conf: dict[str, str] | None = None) -> None:
+        self.work_dir = Path(work_dir)
+        self.port = port or free_port()
+        self.master = master
+        self.driver_memory = driver_memory
+        self.conf = dict(conf or {})
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def remote(self) -> str:
+        """The Connect URL for `SparkSession.builder.remote()` / `SPARK_REMOTE`."""
+        return f"sc://127.0.0.1:{self.port}"
+
+    @property
+    def log_file(self) -> Path:
+        return self.work_dir / "connect-server.log"
+
+    def command(self) -> list[str]:
+        import pyspark
+
+        spark_home = Path(pyspark.__file__).parent
+        conf = {
+            "spark.connect.grpc.binding.address": "127.0.0.1",
+            "spark.connect.grpc.binding.port": str(self.port),
+            "spark.sql.session.timeZone": "UTC",
+            "spark.driver.extraJavaOptions": "-Duser.timezone=UTC",
+            "spark.executor.extraJavaOptions": "-Duser.timezone=UTC",
+            "spark.ui.enabled": "false",
+            "spark.pyspark.python": sys.executable,
+            **self.conf,
+        }
+        command = [str(spark_home / "bin" / "spark-submit"), "--class",
+                   "org.apache.spark.sql.connect.service.SparkConnectServer", "--name", "microbatch-connect",
+                   "--master", self.master, "--driver-memory", self.driver_memory,
+                   "--jars", ",".join(str(p) for p in spark_jars())]
+        for key, value in conf.items():
+            command += ["--conf", f"{key}={value}"]
+        return [*command, "spark-internal"]
+
+    def start(self, timeout: float = 180) -> SparkConnectServer:
+        import pyspark
+
+        self.work_dir.mkdir(parents=True, exist_ok=True)
+        root = project_root()
+        env = {**os.environ, "SPARK_HOME": str(Path(pyspark.__file__).parent), "SPARK_LOCAL_IP": "127.0.0.1",
+               "PYSPARK_PYTHON": sys.executable,
+               "PYTHONPATH": os.pathsep.join(filter(None, [str(root / "include"), str(root),
+                                                           os.environ.get("PYTHONPATH")]))}
+        self.process = subprocess.Popen(self.command(), env=env, stdout=self.log_file.open("ab"),
+                                        stderr=subprocess.STDOUT, start_new_session=True, cwd=root)
+        process = self.process
+
+        def ready() -> bool:
+            if process.poll() is not None:
+                raise RuntimeError(f"the Spark Connect server exited with {process.returncode}; see {self.log_file}")
+            return port_open(self.port)
+
+        _wait(ready, timeout, f"Spark Connect server on {self.remote}", self.log_file)
+        log.info("Spark Connect server up on %s (pid %s)", self.remote, process.pid)
+        return self
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid if self.process else None
+
+    def stop(self, timeout: float = 30) -> None:
+        if self.process is None or self.process.poll() is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signal.SIGTERM)
+        try:
+            self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait(timeout)
+
+    def __enter__(self) -> SparkConnectServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
 class AirflowStandalone:
     """`airflow standalone` on free ports, in its own AIRFLOW_HOME and process group."""
 

@@ -56,7 +56,8 @@ def log_plan_summary(log: logging.Logger, pipeline: str, outcome: PlanOutcome) -
 
 def log_stage_summary(log: logging.Logger, result: StageResult) -> None:
     log.info("stage batch %s attempt %s: read %s records, staged %s, %s dead letter(s), %s late record(s) "
-             "(read %.2fs, write %.2fs)", result.batch_id, result.attempt, result.records,
+             "(read + transform + staging write %.2fs, dead/late rows %.2fs)", result.batch_id, result.attempt,
+             result.records,
              ", ".join(f"{n} rows to {s}" for s, n in result.rows_by_sink.items()), result.dead_letters,
              result.late_records,
              result.timings.get("read_s", 0.0), result.timings.get("stage_write_s", 0.0))

@@ -21,13 +21,15 @@ from pyspark.sql import functions as F
 from sqlalchemy import make_url
 
 from microbatch import failpoints
-from microbatch.config import PipelineSpec
-from microbatch.errors import SpecError
+from microbatch.config import PipelineSpec, PostgresAggregateSink
+from microbatch.errors import DataLossError, SpecError
+from microbatch.kafka_offsets import offset_bounds, offsets_client
 from microbatch.kafka_security import spark_client_options
 from microbatch.ledger import repository as repo
 from microbatch.ledger.database import stage_lock, transaction
 from microbatch.ledger.models import BatchState
-from microbatch.planning import OffsetRange
+from microbatch.planning import OffsetRange, data_loss_at_read, lost_ranges
+from microbatch.reporting import log_stage_summary
 from microbatch.transform import ERROR_COLUMN, LATE_COLUMN, SparkJob
 
 log = logging.getLogger(__name__)
@@ -119,6 +121,35 @@ def _write_staging(df: DataFrame, table: str, jdbc: Mapping[str, str]) -> None:
     df.write.format("jdbc").options(**jdbc).option("dbtable", table).mode("append").save()
 
 
+def _read_metrics(
+    job: SparkJob, options: Mapping[str, Any], partition_keys: list[tuple[str, int]]
+) -> dict[str, Column]:
+    """Aggregates observed during the read: records per source partition, dead letters, late records and the
+    job's state metrics."""
+    metrics: dict[str, Column] = {
+        f"records_{i}": F.sum(F.when((F.col("topic") == t) & (F.col("partition") == p), 1).otherwise(0))
+        for i, (t, p) in enumerate(partition_keys)
+    }
+    metrics["dead_letters"] = F.sum(F.when(F.col(ERROR_COLUMN).isNotNull(), 1).otherwise(0))
+    metrics["late_records"] = F.sum(F.when(F.col(LATE_COLUMN), 1).otherwise(0))
+    for name, expr in job.state_metrics(options).items():
+        metrics[f"state_{name}"] = expr
+    return metrics
+
+
+def _sink_rows(spec: PipelineSpec, sink: PostgresAggregateSink, outputs: Mapping[str, DataFrame]) -> DataFrame:
+    """The job's output for `sink`, checked for the columns the staging table needs."""
+    if sink.name not in outputs:
+        raise SpecError(f"{spec.name}: the job produced no output for sink '{sink.name}'.")
+    missing = [c for c in ("topic", "partition", *sink.columns) if c not in outputs[sink.name].columns]
+    if missing:
+        raise SpecError(
+            f"{spec.name}: the job's output for sink '{sink.name}' lacks the column(s) {', '.join(missing)}.",
+            fix="Return the sink's columns plus the source topic and partition (group by them as well).",
+        )
+    return outputs[sink.name]
+
+
 def stage_batch(
     spark: SparkSession, spec: PipelineSpec, batch_id: int, ledger_url: str, bootstrap_servers: str
 ) -> StageResult | None:
@@ -165,63 +196,52 @@ def _stage_locked(
 
     parsed = job.parse(records, options, state_before)
     partition_keys = sorted({(r.topic, r.partition) for r in ranges})
-    metrics: dict[str, Column] = {
-        f"records_{i}": F.sum(F.when((F.col("topic") == t) & (F.col("partition") == p), 1).otherwise(0))
-        for i, (t, p) in enumerate(partition_keys)
-    }
-    metrics["dead_letters"] = F.sum(F.when(F.col(ERROR_COLUMN).isNotNull(), 1).otherwise(0))
-    metrics["late_records"] = F.sum(F.when(F.col(LATE_COLUMN), 1).otherwise(0))
-    for name, expr in job.state_metrics(options).items():
-        metrics[f"state_{name}"] = expr
     observation = Observation(f"batch_{batch_id}_{attempt}")
-    parsed = parsed.observe(observation, *[expr.alias(name) for name, expr in metrics.items()])
-    # The raw bytes are needed only for dead letters and late records: the cache keeps them for those rows
-    # alone (a null costs a bit in the columnar cache), which shrinks it by about the size of the input.
-    if "value" in parsed.columns:
-        bad = F.col(ERROR_COLUMN).isNotNull() | F.col(LATE_COLUMN)
-        parsed = parsed.withColumn("value", F.when(bad, F.col("value")))
-    parsed = parsed.persist(StorageLevel.MEMORY_AND_DISK)
-
-    t_read = time.monotonic()
-    parsed.count()  # one pass over Kafka: fills the cache and the observed metrics
-    values = observation.get
-    read_seconds = time.monotonic() - t_read
-    failpoints.hit("stage.after_read")
-
+    observed = parsed.observe(observation, *[expr.alias(name) for name, expr in
+                                             _read_metrics(job, options, partition_keys).items()])
+    sinks = list(spec.aggregate_sinks)
+    # One sink: one Spark job reads Kafka, parses, aggregates and writes the staged rows, with the counts and
+    # state metrics observed on the way; nothing is cached, so the driver and executor heap stay flat in the
+    # batch size. Several sinks share one read through a cache instead.
+    shared = len(sinks) != 1
+    if shared:
+        observed = observed.persist(StorageLevel.MEMORY_AND_DISK)
     jdbc = jdbc_options(ledger_url)
     tag = [F.lit(batch_id).cast("bigint").alias("batch_id"), F.lit(attempt).cast("int").alias("attempt")]
-    t_write = time.monotonic()
-    good = parsed.where(F.col(ERROR_COLUMN).isNull() & ~F.col(LATE_COLUMN))
-    rows_by_sink: dict[str, int] = {}
+    good = observed.where(F.col(ERROR_COLUMN).isNull() & ~F.col(LATE_COLUMN))
     outputs = job.outputs(good, options, state_before)
-    for sink in spec.aggregate_sinks:
-        if sink.name not in outputs:
-            raise SpecError(f"{spec.name}: the job produced no output for sink '{sink.name}'.")
-        missing = [c for c in ("topic", "partition", *sink.columns) if c not in outputs[sink.name].columns]
-        if missing:
-            raise SpecError(
-                f"{spec.name}: the job's output for sink '{sink.name}' lacks the column(s) {', '.join(missing)}.",
-                fix="Return the sink's columns plus the source topic and partition (group by them as well).",
-            )
-        out = outputs[sink.name].select(*tag, "topic", "partition", *sink.columns).persist(
-            StorageLevel.MEMORY_AND_DISK)
-        rows_by_sink[sink.name] = out.count()
-        _write_staging(out, sink.staging_table, jdbc)
-        out.unpersist()
-    dead = parsed.where(F.col(ERROR_COLUMN).isNotNull()).select(
-        *tag, "topic", "partition", "offset", F.col("value").alias("raw"), F.col(ERROR_COLUMN).alias("error")
-    )
+    rows_by_sink: dict[str, int] = {}
+    t_read = time.monotonic()
+    for sink in sinks:
+        out = _sink_rows(spec, sink, outputs).select(*tag, "topic", "partition", *sink.columns)
+        counted = Observation(f"batch_{batch_id}_{attempt}_{sink.name}")
+        _write_staging(out.observe(counted, F.count(F.lit(1)).alias("rows")), sink.staging_table, jdbc)
+        rows_by_sink[sink.name] = int(counted.get["rows"])
+    if not sinks:
+        observed.count()
+    values = observation.get
+    read_seconds = time.monotonic() - t_read
+    if shared:
+        observed.unpersist()
+    failpoints.hit("stage.after_read")
+
+    # Dead letters and late records keep their raw bytes; only when the pass above saw some does a second,
+    # filtered read of the same ranges (immutable offsets, so the same records) stage them.
+    t_write = time.monotonic()
     dead_count = int(values.get("dead_letters") or 0)
-    if dead_count:
-        _write_staging(dead, "stage_dead_letters", jdbc)
     late_count = int(values.get("late_records") or 0)
-    if late_count:
-        late = parsed.where(F.col(LATE_COLUMN)).select(
-            *tag, "topic", "partition", "offset", "event_time", F.col("value").alias("raw")
-        )
-        _write_staging(late, "stage_late_records", jdbc)
+    if dead_count or late_count:
+        bad = parsed.where(F.col(ERROR_COLUMN).isNotNull() | F.col(LATE_COLUMN)).persist(StorageLevel.MEMORY_AND_DISK)
+        if dead_count:
+            _write_staging(bad.where(F.col(ERROR_COLUMN).isNotNull()).select(
+                *tag, "topic", "partition", "offset", F.col("value").alias("raw"), F.col(ERROR_COLUMN).alias("error"),
+            ), "stage_dead_letters", jdbc)
+        if late_count:
+            _write_staging(bad.where(F.col(LATE_COLUMN)).select(
+                *tag, "topic", "partition", "offset", "event_time", F.col("value").alias("raw"),
+            ), "stage_late_records", jdbc)
+        bad.unpersist()
     write_seconds = time.monotonic() - t_write
-    parsed.unpersist()
     failpoints.hit("stage.after_write")
 
     records_by_partition = {
@@ -251,3 +271,52 @@ def _stage_locked(
     result.timings["stage_total_s"] = round(time.monotonic() - started, 3)
     failpoints.hit("stage.after_staged")
     return result
+
+
+def is_data_loss(exc: BaseException) -> bool:
+    """Whether a Spark failure is the Kafka source's `failOnDataLoss` refusal."""
+    text = str(exc)
+    return "KAFKA_DATA_LOSS" in text or "failOnDataLoss" in text or "data may have been lost" in text
+
+
+def data_loss_error(spec: PipelineSpec, batch_id: int, ledger_url: str, bootstrap: str) -> DataLossError:
+    """Spark refused to read offsets that retention deleted after plan: name the lost ranges in one sentence,
+    and keep the error on the batch row for `microbatch history`."""
+    with transaction(ledger_url) as session:
+        ranges = repo.batch_ranges(session, batch_id)
+    with offsets_client(bootstrap, spec.source.isolation_level) as consumer:
+        earliest, _ = offset_bounds(consumer, sorted({r.tp for r in ranges}))
+    error = data_loss_at_read(batch_id, lost_ranges(ranges, earliest) or ranges, spec.source.on_data_loss)
+    with transaction(ledger_url) as session:
+        repo.record_failure(session, batch_id, str(error))
+    return error
+
+
+def stage_batches(
+    spark: SparkSession, spec: PipelineSpec, batch_ids: list[int], ledger_url: str, bootstrap_servers: str,
+    log: logging.Logger = log,
+) -> list[StageResult]:
+    """Stage each batch in turn on one Spark session (spark-submit or Spark Connect) and log its summary;
+    a Kafka data-loss refusal becomes a DataLossError naming the lost ranges."""
+    results = []
+    for batch_id in batch_ids:
+        try:
+            result = stage_batch(spark, spec, batch_id, ledger_url, bootstrap_servers)
+        except Exception as exc:
+            if not is_data_loss(exc):
+                raise
+            raise data_loss_error(spec, batch_id, ledger_url, bootstrap_servers) from None
+        if result is not None:
+            log_stage_summary(log, result)
+            results.append(result)
+    return results
+
+
+def connect_session(remote: str, conf: Mapping[str, str]) -> SparkSession:
+    """A Spark Connect session on `remote` (sc://host:port) with the pipeline's SQL settings and a UTC
+    session time zone; the server's JVM is already warm, so nothing starts per batch."""
+    spark = SparkSession.builder.remote(remote).getOrCreate()
+    for key, value in {**conf, "spark.sql.session.timeZone": "UTC"}.items():
+        if key.startswith("spark.sql."):  # the only settings a Connect session may change at run time
+            spark.conf.set(key, value)
+    return spark

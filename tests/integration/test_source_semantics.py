@@ -380,17 +380,16 @@ def test_transactional_input_counts_only_committed_records(spark, kafka, topic, 
 
 
 def test_spark_refuses_offsets_deleted_after_planning(spark, kafka, topic):
-    import importlib
+    from microbatch.staging import is_data_loss
 
     bootstrap = kafka.bootstrap_servers
     produce(bootstrap, topic, {3: 30})
     client = admin(bootstrap)
     client.delete_records({KTP(topic, 3): 10})
     client.close()
-    run_batch = importlib.import_module("spark_jobs.run_batch")
     with pytest.raises(Exception) as error:  # Spark raises a Py4J/captured error
         read(spark, [OffsetRange(topic, 3, 0, 30)], bootstrap).count()
-    assert run_batch._is_data_loss(error.value), str(error.value)[:2000]
+    assert is_data_loss(error.value), str(error.value)[:2000]
 
 
 def test_compacted_topic_with_offset_holes(spark, kafka, ledger_url):
