@@ -17,7 +17,7 @@ from typing import Any
 
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.sdk import DAG, Asset, BaseHook, Param, task
-from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
+from airflow.sdk.exceptions import AirflowFailException, AirflowNotFoundException, AirflowSkipException
 from sqlalchemy.exc import OperationalError
 
 from microbatch.config import PipelineSpec, find_spec
@@ -25,6 +25,7 @@ from microbatch.errors import ConnectionSettingsError, MicrobatchError
 from microbatch.kafka_offsets import BOOTSTRAP_ENV
 from microbatch.kafka_security import env_from_connection
 from microbatch.ledger.database import LEDGER_URL_ENV, unreachable
+from microbatch.spark_remote import DEFAULT_PORT, SPARK_REMOTE_ENV
 
 log = logging.getLogger("microbatch")
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
@@ -73,6 +74,30 @@ def kafka_bootstrap(conn_id: str) -> str:
     for name, value in env_from_connection(conn.extra_dejson, conn.password).items():
         os.environ.setdefault(name, value)
     return servers
+
+
+def spark_remote(conn_id: str) -> str:
+    """The Spark Connect URL: `MICROBATCH_SPARK_REMOTE`, else the Airflow connection `conn_id` (type
+    spark_connect), turned into an sc:// URL by the Spark provider's `SparkConnectHook`."""
+    if os.environ.get(SPARK_REMOTE_ENV):
+        return os.environ[SPARK_REMOTE_ENV]
+    from airflow.providers.apache.spark.hooks.spark_connect import SparkConnectHook
+
+    try:
+        return SparkConnectHook(conn_id).get_connection_url()
+    except AirflowNotFoundException:
+        raise ConnectionSettingsError(
+            f"The Spark Connect server is not configured: neither {SPARK_REMOTE_ENV} nor the Airflow connection "
+            f"'{conn_id}' exists.",
+            fix=f"Create the connection '{conn_id}' (type spark_connect, host sc://HOST, port {DEFAULT_PORT}) or set "
+            f"{SPARK_REMOTE_ENV}=sc://HOST:PORT.",
+        ) from None
+    except (AttributeError, TypeError, ValueError):  # no host (the hook calls host.find), or a path in the URL
+        raise ConnectionSettingsError(
+            f"The Airflow connection '{conn_id}' is not a usable Spark Connect connection: it needs a host and no "
+            "path.",
+            fix=f"Set its host to sc://HOST (or HOST) and its port to the server's ({DEFAULT_PORT} by default).",
+        ) from None
 
 
 @contextmanager
@@ -195,7 +220,10 @@ def _default_args(spec: PipelineSpec) -> dict[str, Any]:
     }
 
 
-def _stage_task(spec: PipelineSpec) -> StageBatchOperator:
+def _stage_task(spec: PipelineSpec) -> Any:
+    """The stage task of the spec's `spark.mode`: a spark-submit per batch, or a Spark Connect client."""
+    if spec.spark.mode == "connect":
+        return _connect_stage_task(spec)
     return StageBatchOperator(
         task_id="stage",
         pipeline=spec.name,
@@ -203,6 +231,51 @@ def _stage_task(spec: PipelineSpec) -> StageBatchOperator:
         conn_id=spec.spark.connection,
         spark_conf=spec.spark.conf,
     )
+
+
+def _staged(spec: PipelineSpec, batch_ids: Any) -> Any:
+    """The stage task after `plan`, reading plan's batch id(s) from XCom in either mode."""
+    stage = _stage_task(spec)
+    if isinstance(stage, StageBatchOperator):
+        batch_ids >> stage  # its --batch-id argument pulls plan's XCom through a template
+        return stage
+    return stage(batch_ids)
+
+
+def _connect_stage_task(spec: PipelineSpec) -> Any:
+    """Stage on a long-lived Spark Connect server: this task is the driver-side client, so no JVM starts here."""
+
+    @task(task_id="stage")
+    def stage(batch_ids: int | str) -> None:
+        from microbatch import spark_remote as connect
+        from microbatch.staging import connect_session, stage_batches
+
+        ids = [int(part) for part in str(batch_ids).split(",")]
+        try:
+            url = ledger_url()
+            bootstrap = kafka_bootstrap(spec.source.connection)
+            remote = spark_remote(spec.spark.connection)
+            connect.check_reachable(remote, spec.spark.connection)
+        except MicrobatchError as exc:
+            _fail(exc)
+        with task_errors(url):
+            spark = None
+            try:
+                spark = connect_session(remote, spec.spark.conf)
+                staged = stage_batches(spark, spec, ids, url, bootstrap, log)
+            except Exception as exc:
+                if not connect.is_unavailable(exc):
+                    raise
+                spark = None  # releasing the session would retry the lost server for minutes
+                reason = "the server went away during the stage (gRPC UNAVAILABLE)"
+                raise connect.unreachable(remote, reason, spec.spark.connection) from None
+            finally:
+                if spark is not None:
+                    spark.stop()  # releases this session on the server; the server keeps running
+        log.info("stage %s: staged %s of batch(es) %s through Spark Connect at %s (any other was already staged "
+                 "or committed)", spec.name, len(staged), ",".join(map(str, ids)), connect.display(remote))
+
+    return stage
 
 
 def _commit_task(spec: PipelineSpec) -> Any:
@@ -295,7 +368,7 @@ def build_dag(spec: PipelineSpec) -> DAG:
 
         batch_id = plan()
         committed = _commit_task(spec)(batch_id)
-        batch_id >> _stage_task(spec) >> committed
+        _staged(spec, batch_id) >> committed
         if spec.kafka_sinks:
             committed >> _publish_task(spec)()
     return dag
@@ -350,7 +423,7 @@ def build_backfill_dag(spec: PipelineSpec) -> DAG:
 
         batch_ids = plan()
         committed = _commit_task(spec)(batch_ids)
-        batch_ids >> _stage_task(spec) >> committed
+        _staged(spec, batch_ids) >> committed
         if spec.kafka_sinks:
             committed >> _publish_task(spec)()
     return dag

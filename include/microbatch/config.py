@@ -379,12 +379,42 @@ class RetrySpec(_Strict):
     delay_seconds: float = Field(default=10.0, ge=0)
 
 
-class SparkSpec(_Strict):
-    """How the stage task submits the Spark job."""
+SPARK_CONNECTION_DEFAULTS = {"submit": "spark_default", "connect": "spark_connect_default"}
 
+
+class SparkSpec(_Strict):
+    """How the stage task runs the Spark job: spark-submit per batch, or a client of a Spark Connect server."""
+
+    mode: Literal["submit", "connect"] = "submit"
+    """`submit`: each stage task runs spark-submit (a new driver JVM per batch). `connect`: the stage task is a
+    Spark Connect client of a long-lived server (`MICROBATCH_SPARK_REMOTE`, else `connection`), so no JVM
+    starts per batch."""
     connection: str = "spark_default"
-    """Airflow connection id of the Spark master (host `local[*]` or `spark://host:7077`)."""
+    """Airflow connection id: mode `submit`, a Spark master (host `local[*]` or `spark://host:7077`), default
+    `spark_default`; mode `connect`, a `spark_connect` connection (host `sc://HOST`, port 15002), default
+    `spark_connect_default`."""
     conf: dict[str, str] = Field(default_factory=dict)
+    """Spark settings. In mode `connect` only `spark.sql.*` settings, which a Connect session may change."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _connection_default_of_the_mode(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "connection" not in data:
+            data = {**data, "connection": SPARK_CONNECTION_DEFAULTS.get(data.get("mode", "submit"), "spark_default")}
+        return data
+
+    @field_validator("conf")
+    @classmethod
+    def _settable_in_the_mode(cls, conf: dict[str, str], info: ValidationInfo) -> dict[str, str]:
+        if info.data.get("mode") != "connect":
+            return conf
+        server_side = sorted(key for key in conf if not key.startswith("spark.sql."))
+        if server_side:
+            raise ValueError(
+                f"sets {', '.join(server_side)}, which a Spark Connect session cannot change (only spark.sql.* "
+                "settings apply per session); set it on the Connect server (its --conf) and remove it here"
+            )
+        return conf
 
 
 class PipelineSpec(_Strict):

@@ -69,3 +69,26 @@ def test_parsing_does_no_network_io(monkeypatch):
 
 
 pytestmark = pytest.mark.e2e
+
+
+def test_connect_mode_stage_is_a_python_task_between_plan_and_commit(tmp_path, monkeypatch):
+    def refuse(*args, **kwargs):
+        raise AssertionError("a DAG file opened a network connection at parse time")
+
+    specs = tmp_path / "pipelines"
+    specs.mkdir()
+    spec = yaml.safe_load((ROOT / "include/pipelines/ip_count.yaml").read_text())
+    spec["spark"] = {"mode": "connect", "conf": spec["spark"]["conf"]}
+    (specs / "ip_count.yaml").write_text(yaml.safe_dump(spec))
+    monkeypatch.setenv("MICROBATCH_PIPELINES_DIR", str(specs))
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+    bag = load_dagbag(ROOT / "dags")
+    assert bag.import_errors == {}
+    for dag_id in ("ip_count", "ip_count__backfill"):
+        dag = bag.dags[dag_id]
+        assert [t.task_id for t in dag.topological_sort()] == ["plan", "stage", "commit", "publish"]
+        stage = dag.get_task("stage")
+        assert stage.task_type != "StageBatchOperator"
+        assert stage.upstream_task_ids == {"plan"} and stage.retries == 3
+        assert dag.get_task("commit").upstream_task_ids == {"plan", "stage"}
+        assert stage.op_args[0].operator.task_id == "plan"  # plan's batch id(s), through XCom, as commit takes them

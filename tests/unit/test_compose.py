@@ -63,3 +63,33 @@ def test_images_are_pinned_and_dependencies_exist():
     assert (ROOT / "include/docker/airflow-entrypoint.sh").exists()
     for name in AIRFLOW[1:]:
         assert all_services[name]["depends_on"]["airflow-init"]["condition"] == "service_completed_successfully"
+
+
+def test_spark_connect_service_is_wired_to_the_cluster_and_to_airflow():
+    from microbatch.spark_remote import SPARK_REMOTE_ENV, host_port
+
+    all_services = services()
+    connect = all_services["spark-connect"]
+    assert connect["image"] == all_services["spark-master"]["image"] == all_services["spark-worker"]["image"]
+    command = " ".join(connect["command"].split())
+    assert "--class org.apache.spark.sql.connect.service.SparkConnectServer" in command
+    assert "--master spark://spark-master:7077" in command
+    port = int(re.search(r"spark\.connect\.grpc\.binding\.port=(\d+)", command).group(1))
+    assert f"{port}:{port}" in connect["ports"]
+    assert "spark-master" in connect["depends_on"]
+    # The connectors the stage reads and writes with, at the versions the Maven pom fetches for spark-submit.
+    pom = (ROOT / "include/jars/spark/pom.xml").read_text()
+    spark_version = re.search(r"<spark.version>([^<]+)<", pom).group(1)
+    postgres_version = re.search(r"<artifactId>postgresql</artifactId>\s*<version>([^<]+)<", pom).group(1)
+    assert connect["image"].split(":")[1].startswith(spark_version)
+    assert f"org.apache.spark:spark-sql-kafka-0-10_2.13:{spark_version}" in command
+    assert f"org.postgresql:postgresql:{postgres_version}" in command
+    assert "spark.sql.session.timeZone=UTC" in command
+    # Every Airflow service reaches it through the spark_connect connection (the default id of connect mode);
+    # the commented env var, the override, names the same address.
+    for name in AIRFLOW:
+        conn = json.loads(all_services[name]["environment"]["AIRFLOW_CONN_SPARK_CONNECT_DEFAULT"])
+        assert conn["conn_type"] == "spark_connect"
+        assert (conn["host"], conn["port"]) == ("sc://spark-connect", port)
+    commented = re.search(rf"#\s*{SPARK_REMOTE_ENV}:\s*(\S+)", (ROOT / "docker-compose.yaml").read_text())
+    assert commented and host_port(commented.group(1)) == ("spark-connect", port)

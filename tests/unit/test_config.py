@@ -82,3 +82,36 @@ def test_durations_and_presets():
         from microbatch.config import PipelineSpec
 
         assert PipelineSpec.model_validate(data).schedule_value == expected
+
+
+def test_spark_mode_defaults_and_connection_of_each_mode(tmp_path):
+    assert load_spec(write(tmp_path, base())).spark.mode == "submit"
+    assert load_spec(write(tmp_path, base())).spark.connection == "spark_default"
+    data = base()
+    data["spark"] = {"mode": "connect", "conf": {"spark.sql.shuffle.partitions": "4"}}
+    spec = load_spec(write(tmp_path, data))
+    assert (spec.spark.mode, spec.spark.connection) == ("connect", "spark_connect_default")
+    data["spark"]["connection"] = "my_connect"
+    assert load_spec(write(tmp_path, data)).spark.connection == "my_connect"
+    data["spark"] = {"connection": "my_master"}
+    assert load_spec(write(tmp_path, data)).spark.connection == "my_master"
+
+
+def test_connect_mode_refuses_settings_a_session_cannot_change(tmp_path):
+    data = base()
+    data["spark"] = {"mode": "connect", "conf": {"spark.sql.shuffle.partitions": "4", "spark.ui.enabled": "false",
+                                                  "spark.executor.memory": "2g"}}
+    with pytest.raises(SpecError) as error:
+        load_spec(write(tmp_path, data))
+    message = str(error.value)
+    assert message.startswith("demo.yaml: field 'spark.conf' sets spark.executor.memory, spark.ui.enabled,")
+    assert "set it on the Connect server" in message and "\n" not in message
+    data["spark"]["mode"] = "submit"  # spark-submit takes any setting
+    assert load_spec(write(tmp_path, data)).spark.conf["spark.ui.enabled"] == "false"
+
+
+def test_unknown_spark_mode_names_the_field(tmp_path):
+    data = base()
+    data["spark"]["mode"] = "kubernetes"
+    with pytest.raises(SpecError, match=r"demo.yaml: field 'spark.mode' Input should be 'submit' or 'connect'"):
+        load_spec(write(tmp_path, data))
