@@ -272,8 +272,11 @@ def _connect_stage_task(spec: PipelineSpec) -> Any:
             finally:
                 if spark is not None:
                     spark.stop()  # releases this session on the server; the server keeps running
-        log.info("stage %s: staged %s of batch(es) %s through Spark Connect at %s (any other was already staged "
-                 "or committed)", spec.name, len(staged), ",".join(map(str, ids)), connect.display(remote))
+        done = {result.batch_id for result in staged}
+        others = [str(i) for i in ids if i not in done]
+        log.info("stage %s: staged %s %s through Spark Connect at %s%s", spec.name,
+                 "batch" if len(done) == 1 else "batches", ",".join(str(i) for i in ids if i in done) or "none",
+                 connect.display(remote), f" ({','.join(others)} already staged or committed)" if others else "")
 
     return stage
 

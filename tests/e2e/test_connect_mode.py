@@ -1,0 +1,99 @@
+"""The stage task in `spark.mode: connect`: Airflow dag.test() stages each batch as a client of one
+long-lived Spark Connect server (started once for this module), over real Kafka and PostgreSQL; the
+sink, the dead letters and the ledger are checked against an independent recount of the input."""
+
+from __future__ import annotations
+
+import json
+import re
+import socket
+from pathlib import Path
+
+import pytest
+import yaml
+from sqlalchemy import make_url, text
+
+from microbatch.datagen import generate_lines, produce_lines
+from microbatch.devstack import SparkConnectServer
+from microbatch.ledger.database import transaction
+from tests.e2e.helpers import assert_exactly_once, run_pipeline, write_test_spec
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture(scope="module")
+def connect_server(tmp_path_factory: pytest.TempPathFactory):
+    server = SparkConnectServer(tmp_path_factory.mktemp("connect"), master="local[2]", driver_memory="1g")
+    server.start()
+    yield server
+    server.stop()
+
+
+def connect_spec(directory: Path, topic: str, bootstrap: str, max_records: int) -> Path:
+    """The test copy of ip_count in connect mode (only the spark.sql.* settings a session may change)."""
+    write_test_spec(directory, topic, max_records, bootstrap=bootstrap)
+    path = directory / "ip_count.yaml"
+    spec = yaml.safe_load(path.read_text())
+    conf = {key: value for key, value in spec["spark"]["conf"].items() if key.startswith("spark.sql.")}
+    spec["spark"] = {"mode": "connect", "conf": conf}
+    path.write_text(yaml.safe_dump(spec))
+    return directory
+
+
+def closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_ip_count_through_spark_connect_exactly_once(connect_server, service_env, topic, kafka, ledger_url, tmp_path):
+    specs = connect_spec(tmp_path / "pipelines", topic, kafka.bootstrap_servers, max_records=1500)
+    # The Airflow connection of the spark_connect type, turned into sc://127.0.0.1:PORT by SparkConnectHook.
+    connection = {"conn_type": "spark_connect", "host": "127.0.0.1", "port": connect_server.port}
+    env = {**service_env, "MICROBATCH_PIPELINES_DIR": str(specs),
+           "AIRFLOW_CONN_SPARK_CONNECT_DEFAULT": json.dumps(connection)}
+    lines = generate_lines(3_000, ips=25, span_seconds=40, out_of_order=0.1, malformed=0.05, seed=41)
+    coords = produce_lines(kafka.bootstrap_servers, topic, lines)
+    assert sum(1 for line in lines if line.malformed) > 100
+
+    result = run_pipeline(env, timeout=600)
+    log = result.stdout + result.stderr
+    assert result.returncode == 0, log[-4000:]
+    assert_exactly_once(ledger_url, env, lines, coords, f"{topic}_out")
+    with transaction(ledger_url) as session:
+        committed = session.execute(text("SELECT count(*), sum((counts->>'records')::int) FROM batches "
+                                         "WHERE state = 'committed'")).one()
+    assert tuple(committed) == (2, 3_000)  # 3,000 offsets in batches of at most 1,500
+
+    for batch_id in (1, 2):
+        line = rf"stage ip_count: staged batch {batch_id} through Spark Connect at {re.escape(connect_server.remote)}"
+        assert re.search(line + r"(?!\d)", log), log[-4000:]
+    assert "records, lag after this batch" in log and "rows merged into ip_counts" in log
+    assert "Spark-Submit cmd" not in log  # no spark-submit: the server did the work
+    password = make_url(ledger_url).password
+    assert password and password not in log, "a secret leaked into the task logs"
+
+
+def test_unreachable_server_fails_stage_with_one_sentence(connect_server, service_env, topic, kafka, ledger_url,
+                                                          tmp_path):
+    specs = connect_spec(tmp_path / "pipelines", topic, kafka.bootstrap_servers, max_records=1000)
+    port = closed_port()
+    # MICROBATCH_SPARK_REMOTE wins over the connection, which points at the live server.
+    connection = {"conn_type": "spark_connect", "host": "127.0.0.1", "port": connect_server.port}
+    env = {**service_env, "MICROBATCH_PIPELINES_DIR": str(specs),
+           "AIRFLOW_CONN_SPARK_CONNECT_DEFAULT": json.dumps(connection),
+           "MICROBATCH_SPARK_REMOTE": f"sc://127.0.0.1:{port}"}
+    produce_lines(kafka.bootstrap_servers, topic, generate_lines(200, seed=42))
+
+    result = run_pipeline(env, max_runs=1, timeout=300)
+    log = result.stdout + result.stderr
+    assert result.returncode != 0
+    sentence = (f"Cannot reach the Spark Connect server at sc://127.0.0.1:{port}: connection refused. Start it "
+                "(`make connect`, or `python -m microbatch.devstack connect`")
+    assert sentence in log, log[-4000:]
+    assert "MICROBATCH_SPARK_REMOTE or the Airflow connection 'spark_connect_default'" in log
+    assert "StatusCode" not in log and "grpc" not in log.lower()
+    assert "'stage': 'failed'" in result.stdout and "'commit': 'upstream_failed'" in result.stdout
+    with transaction(ledger_url) as session:
+        states = session.execute(text("SELECT state, attempt FROM batches")).all()
+    assert [tuple(row) for row in states] == [("planned", 0)]  # planned, never staged: the next run takes it
