@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 export PYTHONPATH := $(CURDIR)/include:$(CURDIR)
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: demo test unit integration e2e lint jars venv airflow down bench chaos soak clean browser
+.PHONY: demo test unit integration e2e lint jars venv airflow connect down bench chaos soak clean browser
 
 $(STAMP): requirements.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -40,6 +40,11 @@ lint: $(STAMP)
 
 airflow: jars
 	$(PY) -m microbatch.cli airflow
+
+# A detached Spark Connect server for pipelines in `spark.mode: connect` (reused while it lives; `make down`
+# stops it); prints the `export MICROBATCH_SPARK_REMOTE=...` line.
+connect: jars
+	$(PY) -m microbatch.devstack connect
 
 down: $(STAMP)
 	$(PY) -m microbatch.devstack down

