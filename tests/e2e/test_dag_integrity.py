@@ -3,6 +3,7 @@ only its own DAG; parsing does no network or database I/O."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import socket
 from pathlib import Path
@@ -92,3 +93,26 @@ def test_connect_mode_stage_is_a_python_task_between_plan_and_commit(tmp_path, m
         assert stage.upstream_task_ids == {"plan"} and stage.retries == 3
         assert dag.get_task("commit").upstream_task_ids == {"plan", "stage"}
         assert stage.op_args[0].operator.task_id == "plan"  # plan's batch id(s), through XCom, as commit takes them
+
+
+def test_spark_remote_from_env_or_spark_connect_connection(monkeypatch):
+    from microbatch.airflow_dags import spark_remote
+    from microbatch.errors import ConnectionSettingsError
+    from microbatch.spark_remote import display
+
+    monkeypatch.delenv("MICROBATCH_SPARK_REMOTE", raising=False)
+    monkeypatch.delenv("AIRFLOW_CONN_SPARK_CONNECT_DEFAULT", raising=False)
+    missing = "neither MICROBATCH_SPARK_REMOTE nor the Airflow connection 'spark_connect_default' exists"
+    with pytest.raises(ConnectionSettingsError, match=missing):
+        spark_remote("spark_connect_default")
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_CONNECT_DEFAULT", json.dumps(
+        {"conn_type": "spark_connect", "host": "sc://spark-connect", "port": 15002, "password": "s3cr3t-token"}))
+    remote = spark_remote("spark_connect_default")  # built by the provider's SparkConnectHook
+    assert remote.startswith("sc://spark-connect:15002/") and "token=s3cr3t-token" in remote
+    assert display(remote) == "sc://spark-connect:15002"
+    monkeypatch.setenv("MICROBATCH_SPARK_REMOTE", "sc://127.0.0.1:15010")
+    assert spark_remote("spark_connect_default") == "sc://127.0.0.1:15010"
+    monkeypatch.delenv("MICROBATCH_SPARK_REMOTE")
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_CONNECT_DEFAULT", json.dumps({"conn_type": "spark_connect"}))
+    with pytest.raises(ConnectionSettingsError, match="is not a usable Spark Connect connection: it needs a host"):
+        spark_remote("spark_connect_default")
