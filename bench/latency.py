@@ -3,7 +3,7 @@
 spark-submit mode (the default deployment): plan and commit each in their own Python process (as
 Airflow tasks run), stage = spark-submit spark_jobs/run_batch.py. The JVM + Spark start share is
 measured with a tiny spark-submit app (launch -> SparkSession ready -> first job -> stopped).
-Spark Connect mode (--connect, prototype): a long-lived Spark Connect server started once (the
+Spark Connect mode (--connect): a long-lived Spark Connect server started once (the
 pyspark wheel's SparkConnectServer class, as start-connect-server.sh runs it) with the same jars; the
 stage runs staging.stage_batch through a Connect client (bench/connect_stage.py), so no JVM starts per batch.
 "plan->commit" = plan + stage process + commit (each phase's own time; Python task-process start is
@@ -15,9 +15,6 @@ shown apart). Airflow's own scheduling gap between tasks: bench/airflow_overhead
 from __future__ import annotations
 
 import argparse
-import os
-import signal
-import subprocess
 import sys
 import time
 from datetime import UTC, datetime, timedelta
@@ -51,30 +48,6 @@ def produce_batch(bootstrap: str, records: int, index: int) -> None:
     produce_lines(bootstrap, TOPIC, generate_lines(records, malformed=0, out_of_order=0, start=start, seed=index))
 
 
-def start_connect_server(port: int, log: Path) -> subprocess.Popen:
-    import pyspark
-
-    from microbatch.devstack import port_open, spark_jars
-
-    spark_home = Path(pyspark.__file__).parent
-    command = [str(spark_home / "bin" / "spark-submit"), "--class",
-               "org.apache.spark.sql.connect.service.SparkConnectServer", "--name", "microbatch-connect",
-               "--master", "local[2]", "--jars", ",".join(str(p) for p in spark_jars()),
-               "--conf", f"spark.connect.grpc.binding.port={port}",
-               "--conf", "spark.connect.grpc.binding.address=127.0.0.1",
-               "--conf", "spark.sql.session.timeZone=UTC", "--conf", "spark.ui.enabled=false",
-               "--conf", "spark.driver.extraJavaOptions=-Duser.timezone=UTC", "spark-internal"]
-    env = {**os.environ, **spark_env(), "SPARK_HOME": str(spark_home)}
-    proc = subprocess.Popen(command, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT,
-                            start_new_session=True, cwd=ROOT)
-    deadline = time.monotonic() + 180
-    while not port_open(port):
-        if proc.poll() is not None or time.monotonic() > deadline:
-            raise RuntimeError(f"the Spark Connect server did not start; see {log}")
-        time.sleep(0.5)
-    return proc
-
-
 def one_batch(env: dict[str, str], spec, mode: str, connect_env: dict[str, str] | None = None) -> dict:
     plan, plan_proc = phase("plan", env, "ip_count")
     batch_id = str(plan["batch_id"])
@@ -104,7 +77,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--connect", action="store_true", help="also measure the Spark Connect mode")
     args = parser.parse_args(argv)
     from microbatch.config import find_spec
-    from microbatch.devstack import create_topic, free_port
+    from microbatch.devstack import SparkConnectServer, create_topic
 
     results: dict = {"machine": machine(), "args": vars(args)}
     index = 0
@@ -130,9 +103,8 @@ def main(argv: list[str]) -> int:
             runs.append(one_batch(env, spec, "spark-submit"))
         results["spark_submit_mode"] = runs
         if args.connect:
-            port = free_port()
-            server = start_connect_server(port, stack.work_dir / "connect.log")
-            connect_env = {"SPARK_REMOTE": f"sc://127.0.0.1:{port}"}
+            server = SparkConnectServer(stack.work_dir / "connect").start()
+            connect_env = {"SPARK_REMOTE": server.remote}
             try:
                 produce_batch(stack.bootstrap, args.records, index)
                 index += 1
@@ -143,11 +115,8 @@ def main(argv: list[str]) -> int:
                     index += 1
                     cruns.append(one_batch(env, spec, "connect", connect_env))
                 results["connect_mode"] = cruns
-            except Exception as exc:  # a prototype: report why it failed
-                results["connect_error"] = str(exc)[-2000:]
             finally:
-                os.killpg(server.pid, signal.SIGTERM)
-                server.wait(30)
+                server.stop()
 
     s_to_session = median([s["to_session_s"] for s in startup])
     s_total = median([s["total_s"] for s in startup])
@@ -166,8 +135,6 @@ def main(argv: list[str]) -> int:
     path = write_results("latency", results)
     print_table(f"Latency of a {args.records:,}-record batch (medians of {args.reps}, seconds)", ["measure", "value"],
                 rows)
-    if "connect_error" in results:
-        print("Spark Connect mode failed:", results["connect_error"][-800:])
     print(f"results: {path}\nreproduce: {results['command']}")
     return 0
 

@@ -1,4 +1,4 @@
-"""A profile of the stage's read: Kafka read, parse, cache and aggregate, step by step in one Spark session.
+"""A profile of the stage: Kafka read, parse, observe, aggregate and staging write, step by step, one session.
 
 Explains the gap between c (microbatch's stage) and b (a raw Spark read + count()) in bench/throughput.py:
 it produces the same kind of topic (N ~105-byte access-log lines over 8 partitions) and runs
@@ -40,8 +40,9 @@ def main(argv: list[str]) -> int:
     results: dict = {"machine": machine(), "args": vars(args)}
     with local_stack("mb-profile-") as stack:
         results["produce"], _, ranges = filled_topic(stack, TOPIC, n, args.partitions)
+        ledger = stack.fresh_ledger("profile")  # step 6 writes to its stage_ip_counts like the stage does
         run = spark_submit(APPS / "stage_profile.py", [str(ranges), str(args.reps)],
-                           {"MICROBATCH_KAFKA_BOOTSTRAP": stack.bootstrap},
+                           {"MICROBATCH_KAFKA_BOOTSTRAP": stack.bootstrap, "MICROBATCH_LEDGER_URL": ledger},
                            conf={"spark.sql.shuffle.partitions": "4"}, driver_memory="1g")
     runs = run.json_lines()[-1]["runs"]
     results["runs"] = runs

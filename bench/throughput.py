@@ -9,6 +9,10 @@ One run, one topic of N access-log records (~105 bytes) over 8 partitions, media
      JDBC into staging + merge transaction, own checkpoint; one micro-batch, and maxOffsetsPerTrigger=N/--split.
 "wall" rates include each process launch (JVM + Spark start); "engine" rates count only the time inside
 the already-started application (tool fetch rate, count(), stage + commit, query run).
+With --connect, one long-lived Spark Connect server (microbatch's `spark.mode: connect`) also runs, warmed by one
+full read first:
+  b'. the raw read + count() of the same ranges through a Connect client (the Spark limit on a warm JVM);
+  c'. microbatch plan + stage (a Connect client process, bench/connect_stage.py) + commit, one batch.
 Peak RSS (psutil sampling of the process tree) of the stage spark-submit and of plan / commit is recorded.
 
     PYTHONPATH=include:. .venv/bin/python bench/throughput.py --records 10000000 --reps 3
@@ -17,6 +21,7 @@ Peak RSS (psutil sampling of the process tree) of the stage spark-submit and of 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 import time
 from pathlib import Path
@@ -26,6 +31,8 @@ from sqlalchemy import text
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import (
     APPS,
+    PYTHON,
+    ROOT,
     Stack,
     filled_topic,
     kafka_tool,
@@ -35,6 +42,8 @@ from common import (
     phase,
     print_table,
     reproduce_command,
+    run_sampled,
+    spark_env,
     spark_submit,
     write_results,
     write_spec,
@@ -68,8 +77,22 @@ def raw_spark(stack: Stack, ranges_file: Path, records: int, driver_memory: str)
     return {"wall_s": round(result.seconds, 3), "engine_s": info["count_s"], "peak_rss_mb": result.peak_rss_mb}
 
 
-def microbatch_run(stack: Stack, name: str, records: int, per_batch: int, driver_memory: str) -> dict:
-    """plan -> stage -> commit until caught up, on a fresh ledger; every phase timed and RSS-sampled."""
+def raw_connect(stack: Stack, ranges_file: Path, records: int, remote: str) -> dict:
+    """b': raw_count.py as a plain Python Connect client of the warm server."""
+    result = run_sampled([PYTHON, str(APPS / "raw_count.py"), str(ranges_file)],
+                         env={**spark_env(bootstrap=stack.bootstrap), "SPARK_REMOTE": remote})
+    if result.returncode != 0:
+        raise RuntimeError(f"raw count over Spark Connect failed:\n{result.stderr[-3000:]}")
+    info = result.json_lines()[-1]
+    if info["count"] != records:
+        raise RuntimeError(f"raw count {info['count']} != {records}")
+    return {"wall_s": round(result.seconds, 3), "engine_s": info["count_s"], "peak_rss_mb": result.peak_rss_mb}
+
+
+def microbatch_run(stack: Stack, name: str, records: int, per_batch: int, driver_memory: str,
+                   remote: str | None = None) -> dict:
+    """plan -> stage -> commit until caught up, on a fresh ledger; every phase timed and RSS-sampled.
+    With `remote`, the stage is a Spark Connect client of that server instead of a spark-submit."""
     url = stack.fresh_ledger(name)
     spec_dir = write_spec(stack.work_dir / "specs" / name, [TOPIC], per_batch)
     env = {"MICROBATCH_LEDGER_URL": url, "MICROBATCH_KAFKA_BOOTSTRAP": stack.bootstrap,
@@ -84,9 +107,15 @@ def microbatch_run(stack: Stack, name: str, records: int, per_batch: int, driver
         peaks["plan_tree"] = max(peaks.get("plan_tree", 0), plan_proc.peak_rss_mb.get("tree", 0))
         if plan["batch_id"] is None:
             break
-        stage = spark_submit(APPS / "stage_entry.py",
-                             ["--pipeline", "ip_count", "--batch-id", str(plan["batch_id"])], env,
-                             conf=dict(spec.spark.conf), driver_memory=driver_memory)
+        if remote:
+            stage = run_sampled([PYTHON, str(ROOT / "bench" / "connect_stage.py"), "ip_count", str(plan["batch_id"])],
+                                env={**spark_env(), **env, "SPARK_REMOTE": remote})
+            if stage.returncode != 0:
+                raise RuntimeError(f"{name}: the Connect stage failed:\n{stage.stderr[-3000:]}")
+        else:
+            stage = spark_submit(APPS / "stage_entry.py",
+                                 ["--pipeline", "ip_count", "--batch-id", str(plan["batch_id"])], env,
+                                 conf=dict(spec.spark.conf), driver_memory=driver_memory)
         for kind, rss in stage.peak_rss_mb.items():
             peaks[f"stage_{kind}"] = max(peaks.get(f"stage_{kind}", 0), rss)
         commit, commit_proc = phase("commit", env, "ip_count", str(plan["batch_id"]))
@@ -153,14 +182,25 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--split", type=int, default=10, help="also run batches of records/split")
     parser.add_argument("--split-reps", type=int, default=None, help="reps of the split runs (default --reps)")
     parser.add_argument("--driver-memory", default="1g", help="spark-submit --driver-memory (Spark's default: 1g)")
+    parser.add_argument("--connect", action="store_true",
+                        help="also measure b' and c' on one warm Spark Connect server (spark.mode: connect)")
     args = parser.parse_args(argv)
     split_reps = args.split_reps or args.reps
     n = args.records
     results: dict = {"machine": machine(), "args": vars(args), "runs": {}}
     runs = results["runs"]
-    with local_stack() as stack:
+    with local_stack() as stack, contextlib.ExitStack() as servers:
         results["produce"], ends, ranges_file = filled_topic(stack, TOPIC, n, args.partitions)
         results["partition_sizes"] = ends
+        remote = None
+        if args.connect:
+            from microbatch.devstack import SparkConnectServer
+
+            server = servers.enter_context(SparkConnectServer(
+                stack.work_dir / "connect", driver_memory=args.driver_memory,
+                conf={"spark.sql.shuffle.partitions": "4"}))
+            remote = server.remote
+            results["connect_warmup"] = raw_connect(stack, ranges_file, n, remote)
         print(f"produced {n:,} records in {results['produce']['seconds']}s; measuring...", flush=True)
         for rep in range(args.reps):
             runs.setdefault("a_kafka_consumer", []).append(consumer_perf(stack, n))
@@ -168,6 +208,10 @@ def main(argv: list[str]) -> int:
             runs.setdefault("c_microbatch_1_batch", []).append(
                 microbatch_run(stack, f"c1_{rep}", n, n, args.driver_memory))
             runs.setdefault("d_peer_1_batch", []).append(peer_run(stack, f"d1_{rep}", n, 0, args.driver_memory))
+            if remote:
+                runs.setdefault("b_connect_raw_count", []).append(raw_connect(stack, ranges_file, n, remote))
+                runs.setdefault("c_connect_1_batch", []).append(
+                    microbatch_run(stack, f"cc1_{rep}", n, n, args.driver_memory, remote))
             if args.split > 1 and rep < split_reps:
                 per = -(-n // args.split)
                 runs.setdefault("c_microbatch_split", []).append(
@@ -191,17 +235,25 @@ def main(argv: list[str]) -> int:
     for label, other in (("c/b", "b_spark_raw_count"), ("c/d", "d_peer_1_batch"), ("c/a", "a_kafka_consumer")):
         ratios[label] = {"wall": round(c["wall_rate"] / summary[other]["wall_rate"], 3),
                          "engine": round(c["engine_rate"] / summary[other]["engine_rate"], 3)}
+    if "c_connect_1_batch" in summary:
+        cc = summary["c_connect_1_batch"]
+        for label, other in (("c'/b'", "b_connect_raw_count"), ("c'/b", "b_spark_raw_count"),
+                             ("c'/d", "d_peer_1_batch"), ("c'/a", "a_kafka_consumer")):
+            ratios[label] = {"wall": round(cc["wall_rate"] / summary[other]["wall_rate"], 3),
+                             "engine": round(cc["engine_rate"] / summary[other]["engine_rate"], 3)}
     if "c_microbatch_split" in summary:
         cs, ds = summary["c_microbatch_split"], summary["d_peer_split"]
         ratios["c_split/d_split"] = {"wall": round(cs["wall_rate"] / ds["wall_rate"], 3),
                                      "engine": round(cs["engine_rate"] / ds["engine_rate"], 3)}
     results["ratios"] = ratios
     c_runs = runs["c_microbatch_1_batch"]
-    results["phases_c_1_batch_median"] = {
-        k: median([r[k] for r in c_runs]) for k in ("plan_s", "stage_wall_s", "stage_engine_s", "read_s",
-                                                    "stage_write_s", "commit_s")}
+    phase_keys = ("plan_s", "stage_wall_s", "stage_engine_s", "read_s", "stage_write_s", "commit_s")
+    results["phases_c_1_batch_median"] = {k: median([r[k] for r in c_runs]) for k in phase_keys}
+    if "c_connect_1_batch" in runs:
+        results["phases_c_connect_median"] = {k: median([r[k] for r in runs["c_connect_1_batch"]])
+                                              for k in phase_keys}
     peak: dict[str, float] = {}
-    for r in c_runs + runs.get("c_microbatch_split", []):
+    for r in c_runs + runs.get("c_microbatch_split", []) + runs.get("c_connect_1_batch", []):
         for k, v in r["peak_rss_mb"].items():
             peak[k] = max(peak.get(k, 0), v)
     results["peak_rss_mb_microbatch"] = peak
@@ -213,8 +265,9 @@ def main(argv: list[str]) -> int:
                 ["run", "reps", "wall s", "wall rec/s", "engine rec/s"], rows)
     print_table("Ratios (records/s of c over the other)", ["ratio", "wall", "engine"],
                 [[k, v["wall"], v["engine"]] for k, v in ratios.items()])
-    print_table("microbatch, one batch: phases (medians, s)", ["phase", "seconds"],
-                [[k, v] for k, v in results["phases_c_1_batch_median"].items()])
+    print_table("microbatch, one batch: phases (medians, s)", ["phase", "spark-submit", "Spark Connect"],
+                [[k, v, results.get("phases_c_connect_median", {}).get(k, "-")]
+                 for k, v in results["phases_c_1_batch_median"].items()])
     print_table("Peak RSS, MB (max over runs)", ["process", "MB"], [[k, v] for k, v in sorted(peak.items())])
     print(f"results: {path}\nreproduce: {results['command']}")
     return 0

@@ -1,6 +1,7 @@
 """Spark's limit: read exactly the given ranges with the Kafka source (the options stage uses) and count().
 
 spark-submit raw_count.py RANGES_JSON   (env MICROBATCH_KAFKA_BOOTSTRAP); prints BENCH:{json}.
+With SPARK_REMOTE=sc://... it runs as a plain Python Spark Connect client of that server instead.
 """
 
 from __future__ import annotations
@@ -22,8 +23,12 @@ def main(argv: list[str]) -> int:
     import os
 
     ranges = [OffsetRange(**r) for r in json.loads(Path(argv[0]).read_text())]
-    spark = SparkSession.builder.appName("bench-raw-count").getOrCreate()
-    spark.sparkContext.setLogLevel("WARN")
+    remote = os.environ.get("SPARK_REMOTE")
+    if remote:
+        spark = SparkSession.builder.remote(remote).getOrCreate()
+    else:
+        spark = SparkSession.builder.appName("bench-raw-count").getOrCreate()
+        spark.sparkContext.setLogLevel("WARN")
     ready = time.time()
     options = kafka_read_options(ranges, os.environ["MICROBATCH_KAFKA_BOOTSTRAP"], "read_committed")
     t0 = time.monotonic()
@@ -31,7 +36,8 @@ def main(argv: list[str]) -> int:
     seconds = time.monotonic() - t0
     print("BENCH:" + json.dumps({"count": count, "count_s": round(seconds, 3),
                                  "python_start": STARTED, "session_ready": ready}), flush=True)
-    spark.stop()
+    if not remote:  # a Connect client leaves the shared server running
+        spark.stop()
     return 0
 
 
