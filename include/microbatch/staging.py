@@ -7,6 +7,7 @@ here leaves the batch open; the retry takes a new attempt number and stages agai
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import json
 import logging
@@ -83,11 +84,26 @@ def kafka_read_options(
         "endingOffsets": json.dumps(ending, sort_keys=True),
         "failOnDataLoss": "true",
         "kafka.isolation.level": isolation_level,
+        # A range is read up to a known end, often the log end: the broker's default 500 ms long poll for
+        # more data then stalls every task once (1,000 records over 8 partitions: 2.3 s -> 0.22 s warm).
+        "kafka.fetch.max.wait.ms": "10",
         "includeHeaders": "false",
     }
     if min_partitions:
         options["minPartitions"] = str(min_partitions)
     return options
+
+
+def with_pooled_consumers(options: Mapping[str, str]) -> dict[str, str]:
+    """`options` plus a group id derived from the Kafka client settings, so a long-lived Spark (Connect)
+    reuses its executors' cached consumers across batches instead of opening new ones per query.
+
+    Spark keys its consumer pool by group id and partition and refuses a key whose settings differ, hence
+    the hash of every `kafka.*` setting (never call it with credentials among them). Reads assign
+    partitions and never commit, so the group id joins no consumer group."""
+    client = sorted((k, v) for k, v in options.items() if k.startswith("kafka.") and k != "kafka.group.id")
+    digest = hashlib.sha256(json.dumps(client).encode()).hexdigest()[:16]
+    return {**options, "kafka.group.id": f"microbatch-stage-{digest}"}
 
 
 def jdbc_options(ledger_url: str) -> dict[str, str]:
@@ -186,10 +202,13 @@ def _stage_locked(
     options = spec.job.options
     if not ranges:
         raise ValueError(f"batch {batch_id} has no ranges")
+    read_options = kafka_read_options(
+        ranges, bootstrap_servers, spec.source.isolation_level, spec.source.min_spark_partitions)
+    security = spark_client_options()
+    # The pooled group id hashes the client settings; with credentials among them it would leak a hash
+    # of a secret into the broker's logs, so a secured cluster keeps Spark's fresh group id per query.
     records = spark.read.format("kafka").options(
-        **kafka_read_options(ranges, bootstrap_servers, spec.source.isolation_level, spec.source.min_spark_partitions),
-        **spark_client_options(),
-    ).load()
+        **(with_pooled_consumers(read_options) if not security else {**read_options, **security})).load()
     limit = failpoints.argument("stage.read")
     if limit is not None:
         records = _crash_after_records(records, int(limit or 0))
