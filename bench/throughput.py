@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import re
 import sys
 import time
 from pathlib import Path
@@ -77,6 +78,18 @@ def raw_spark(stack: Stack, ranges_file: Path, records: int, driver_memory: str)
     return {"wall_s": round(result.seconds, 3), "engine_s": info["count_s"], "peak_rss_mb": result.peak_rss_mb}
 
 
+def gc_logged(path: Path) -> dict[str, str]:
+    """spark-submit conf that logs the driver JVM's garbage collections to `path` (UTC as usual)."""
+    return {"spark.driver.extraJavaOptions": f"-Duser.timezone=UTC -Xlog:gc:file={path}"}
+
+
+def live_heap_mb(gc_log: Path) -> float:
+    """The largest heap occupancy right after a collection: what the driver JVM (which in local mode also
+    hosts the executor) really holds, unlike its RSS, which grows toward -Xmx with garbage too."""
+    after = [float(m.group(1)) for m in re.finditer(r"->(\d+)M\(\d+M\)", gc_log.read_text(errors="replace"))]
+    return max(after, default=0.0)
+
+
 def raw_connect(stack: Stack, ranges_file: Path, records: int, remote: str) -> dict:
     """b': raw_count.py as a plain Python Connect client of the warm server."""
     result = run_sampled([PYTHON, str(APPS / "raw_count.py"), str(ranges_file)],
@@ -113,9 +126,12 @@ def microbatch_run(stack: Stack, name: str, records: int, per_batch: int, driver
             if stage.returncode != 0:
                 raise RuntimeError(f"{name}: the Connect stage failed:\n{stage.stderr[-3000:]}")
         else:
+            gc_log = stack.work_dir / f"gc-{name}-{plan['batch_id']}.log"
             stage = spark_submit(APPS / "stage_entry.py",
                                  ["--pipeline", "ip_count", "--batch-id", str(plan["batch_id"])], env,
-                                 conf=dict(spec.spark.conf), driver_memory=driver_memory)
+                                 conf={**spec.spark.conf, **gc_logged(gc_log)}, driver_memory=driver_memory)
+            heap = live_heap_mb(gc_log)
+            peaks["stage_jvm_heap_after_gc"] = max(peaks.get("stage_jvm_heap_after_gc", 0), heap)
         for kind, rss in stage.peak_rss_mb.items():
             peaks[f"stage_{kind}"] = max(peaks.get(f"stage_{kind}", 0), rss)
         commit, commit_proc = phase("commit", env, "ip_count", str(plan["batch_id"]))
@@ -269,6 +285,13 @@ def main(argv: list[str]) -> int:
                 [[k, v, results.get("phases_c_connect_median", {}).get(k, "-")]
                  for k, v in results["phases_c_1_batch_median"].items()])
     print_table("Peak RSS, MB (max over runs)", ["process", "MB"], [[k, v] for k, v in sorted(peak.items())])
+    by_size = [[f"{key} ({n // runs[key][0]['batches']:,} records per batch)",
+                median([r["peak_rss_mb"].get("stage_jvm", 0) for r in runs[key]]),
+                median([r["peak_rss_mb"].get("stage_jvm_heap_after_gc", 0) for r in runs[key]])]
+               for key in ("c_microbatch_1_batch", "c_microbatch_split") if key in runs]
+    results["stage_driver_by_batch_size"] = by_size
+    print_table("Stage driver JVM by batch size (spark-submit, medians)", ["run", "peak RSS MB", "heap after GC MB"],
+                by_size)
     print(f"results: {path}\nreproduce: {results['command']}")
     return 0
 
