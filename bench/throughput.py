@@ -12,7 +12,8 @@ the already-started application (tool fetch rate, count(), stage + commit, query
 With --connect, one long-lived Spark Connect server (microbatch's `spark.mode: connect`) also runs, warmed by one
 full read first:
   b'. the raw read + count() of the same ranges through a Connect client (the Spark limit on a warm JVM);
-  c'. microbatch plan + stage (a Connect client process, bench/connect_stage.py) + commit, one batch.
+  c'. microbatch plan + stage (a Connect client process, bench/connect_stage.py) + commit, one batch, and
+      batches of N/--split.
 Peak RSS (psutil sampling of the process tree) of the stage spark-submit and of plan / commit is recorded.
 
     PYTHONPATH=include:. .venv/bin/python bench/throughput.py --records 10000000 --reps 3
@@ -234,6 +235,9 @@ def main(argv: list[str]) -> int:
                     microbatch_run(stack, f"c10_{rep}", n, per, args.driver_memory))
                 runs.setdefault("d_peer_split", []).append(
                     peer_run(stack, f"d10_{rep}", n, per, args.driver_memory))
+                if remote:
+                    runs.setdefault("c_connect_split", []).append(
+                        microbatch_run(stack, f"cc10_{rep}", n, per, args.driver_memory, remote))
             write_results("throughput_partial", results)  # a long run that dies later keeps its finished reps
             print(f"rep {rep + 1}/{args.reps} done", flush=True)
 
@@ -261,6 +265,10 @@ def main(argv: list[str]) -> int:
         cs, ds = summary["c_microbatch_split"], summary["d_peer_split"]
         ratios["c_split/d_split"] = {"wall": round(cs["wall_rate"] / ds["wall_rate"], 3),
                                      "engine": round(cs["engine_rate"] / ds["engine_rate"], 3)}
+        if "c_connect_split" in summary:
+            ccs = summary["c_connect_split"]
+            ratios["c'_split/d_split"] = {"wall": round(ccs["wall_rate"] / ds["wall_rate"], 3),
+                                          "engine": round(ccs["engine_rate"] / ds["engine_rate"], 3)}
     results["ratios"] = ratios
     c_runs = runs["c_microbatch_1_batch"]
     phase_keys = ("plan_s", "stage_wall_s", "stage_engine_s", "read_s", "stage_write_s", "commit_s")
