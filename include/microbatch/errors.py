@@ -58,3 +58,12 @@ def first_validation_error(exc: Any) -> tuple[str, str]:
     if not field:
         field, _, message = message.partition(": ")
     return field, message
+
+
+def error_summary(exc: BaseException) -> str:
+    """One line for an unexpected error: its type and first message line; for a Py4J error from Spark,
+    the Java exception and its message rather than the Py4J call that carried it."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    java = next((line.removeprefix(":").strip() for line in lines if line.startswith(": ")), None)
+    text = java or (lines[0] if lines else "no message")
+    return f"{type(exc).__name__}: {text}"[:500]

@@ -166,6 +166,22 @@ def _sink_rows(spec: PipelineSpec, sink: PostgresAggregateSink, outputs: Mapping
     return outputs[sink.name]
 
 
+AQE_EMPTY_RELATION = "org.apache.spark.sql.execution.adaptive.AQEPropagateEmptyRelation"
+
+
+def keep_observed_metrics(spark: SparkSession) -> None:
+    """Keep the read's observed metrics when a batch has no good rows.
+
+    When the aggregation's input is empty (a batch of only dead letters, or of only transaction markers),
+    adaptive execution replaces the plan above the empty shuffle with an empty relation, and the read's
+    `observe` node goes with it: its Observation then holds no row and `get` fails an assertion, for every
+    retry of that batch. Excluding that one rule for the session costs nothing on non-empty batches."""
+    key = "spark.sql.adaptive.optimizer.excludedRules"
+    rules = [r.strip() for r in (spark.conf.get(key, None) or "").split(",") if r.strip()]
+    if AQE_EMPTY_RELATION not in rules:
+        spark.conf.set(key, ",".join([*rules, AQE_EMPTY_RELATION]))
+
+
 def stage_batch(
     spark: SparkSession, spec: PipelineSpec, batch_id: int, ledger_url: str, bootstrap_servers: str
 ) -> StageResult | None:
@@ -213,6 +229,7 @@ def _stage_locked(
     if limit is not None:
         records = _crash_after_records(records, int(limit or 0))
 
+    keep_observed_metrics(spark)
     parsed = job.parse(records, options, state_before)
     partition_keys = sorted({(r.topic, r.partition) for r in ranges})
     observation = Observation(f"batch_{batch_id}_{attempt}")

@@ -349,6 +349,7 @@ class Harness:
                                     capture_output=True, text=True, check=False)
             if result.returncode == 0:
                 return
+            (self.work / "quiesce.log").write_text(result.stdout + result.stderr)
         raise RuntimeError("the pipeline did not catch up after the faults:\n" + result.stdout[-3000:])
 
     def stop_loop(self) -> None:

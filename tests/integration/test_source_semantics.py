@@ -379,6 +379,41 @@ def test_transactional_input_counts_only_committed_records(spark, kafka, topic, 
         producer.close()
 
 
+def test_a_batch_without_good_records_stages_its_dead_letters_and_commits(spark, kafka, topic, ledger_url):
+    """Regression (chaos harness): a batch of only transaction markers and malformed records leaves the
+    aggregation nothing to read; adaptive execution then dropped the read's observed metrics with the
+    empty plan, and every retry of the batch failed on the Observation. It stages zero rows, keeps its
+    dead letters with their source offsets, and commits."""
+    from microbatch.staging import stage_batch
+
+    bootstrap = kafka.bootstrap_servers
+    producer = KafkaProducer(bootstrap_servers=bootstrap, transactional_id=f"aborted-{topic}", acks="all")
+    producer.init_transactions()
+    producer.begin_transaction()
+    for _ in range(3):
+        producer.send(topic, value=b"never visible", partition=0)
+    producer.flush()
+    producer.abort_transaction()
+    producer.close()
+    produce(bootstrap, topic, {1: 4})  # "1-0".."1-3": not access-log lines
+    spec = make_spec(topics=[topic])
+    outcome = plan_next_batch(spec, ledger_url, bootstrap)
+    assert ranges_of(outcome) == {0: (0, 4), 1: (0, 4)}  # 3 aborted records and their marker; 4 records
+
+    result = stage_batch(spark, spec, outcome.batch_id, ledger_url, bootstrap)
+    assert result is not None
+    assert result.records_by_partition == {f"{topic}[0]": 0, f"{topic}[1]": 4}
+    assert (result.dead_letters, result.rows_by_sink["ip_counts"]) == (4, 0)
+    with transaction(ledger_url) as session:
+        commit_batch(session, spec, outcome.batch_id)
+    with transaction(ledger_url) as session:
+        dead = sorted(session.execute(text('SELECT partition, "offset" FROM dead_letters WHERE topic = :t'),
+                                      {"t": topic}).all())
+    assert dead == [(1, offset) for offset in range(4)]
+    ends = positions(ledger_url)
+    assert (ends[(topic, 0)], ends[(topic, 1)]) == (4, 4)
+
+
 def test_spark_refuses_offsets_deleted_after_planning(spark, kafka, topic):
     from microbatch.staging import is_data_loss
 
