@@ -186,13 +186,16 @@ def _kind(proc: psutil.Process) -> str:
 
 
 def run_sampled(command: list[str], env: dict[str, str] | None = None, interval: float = 0.1,
-                timeout: float = 7200) -> Sampled:
-    """Run `command`, sampling the RSS of its process tree; peaks per process kind and of the tree."""
+                timeout: float = 7200, py_spy: Path | None = None) -> Sampled:
+    """Run `command`, sampling the RSS of its process tree; peaks per process kind and of the tree.
+    With `py_spy`, py-spy records the tree's Python driver (attached by pid once it appears, so py-spy
+    is not in the sampled tree) into that file, in its raw collapsed-stack format."""
     peaks: dict[str, float] = {}
     started = time.monotonic()
     proc = subprocess.Popen(command, env={**os.environ, **(env or {})}, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, cwd=ROOT)
     done = threading.Event()
+    profiler: list[subprocess.Popen] = []
 
     def sample() -> None:
         root = psutil.Process(proc.pid)
@@ -201,6 +204,13 @@ def run_sampled(command: list[str], env: dict[str, str] | None = None, interval:
                 tree = [root, *root.children(recursive=True)]
             except psutil.NoSuchProcess:
                 break
+            if py_spy and not profiler:
+                driver = next((p for p in tree if _kind(p) == "python_driver"), None)
+                if driver is not None:
+                    profiler.append(subprocess.Popen(
+                        [str(Path(PYTHON).parent / "py-spy"), "record", "--pid", str(driver.pid), "--format", "raw",
+                         "--rate", str(PY_SPY_RATE), "--nonblocking", "--output", str(py_spy)],
+                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
             total = 0.0
             by_kind: dict[str, float] = {}
             for p in tree:
@@ -223,6 +233,8 @@ def run_sampled(command: list[str], env: dict[str, str] | None = None, interval:
     finally:
         done.set()
         sampler.join()
+        for p in profiler:  # py-spy stops by itself when its target exits
+            p.wait(timeout=60)
     return Sampled(proc.returncode, time.monotonic() - started, stdout, stderr,
                    {k: round(v, 1) for k, v in peaks.items() if k != "gone"})
 
@@ -244,7 +256,7 @@ def spark_env(ledger_url: str = "", bootstrap: str = "", pipelines_dir: Path | N
 
 
 def spark_submit(app: Path, args: list[str], env: dict[str, str], conf: dict[str, str] | None = None,
-                 master: str = "local[2]", driver_memory: str = "2g") -> Sampled:
+                 master: str = "local[2]", driver_memory: str = "2g", py_spy: Path | None = None) -> Sampled:
     """spark-submit like the stage task does (same jars, UTC session, no console progress)."""
     import pyspark
 
@@ -264,19 +276,86 @@ def spark_submit(app: Path, args: list[str], env: dict[str, str], conf: dict[str
     for key, value in settings.items():
         command += ["--conf", f"{key}={value}"]
     command += [str(app), *args]
-    result = run_sampled(command, env={**spark_env(), **env, "SPARK_HOME": str(spark_home)})
+    result = run_sampled(command, env={**spark_env(), **env, "SPARK_HOME": str(spark_home)}, py_spy=py_spy)
     if result.returncode != 0:
         tail = "\n".join((result.stdout + result.stderr).splitlines()[-40:])
         raise RuntimeError(f"spark-submit {app.name} failed ({result.returncode}):\n{tail}")
     return result
 
 
-def phase(name: str, env: dict[str, str], *args: str) -> tuple[dict, Sampled]:
+def phase(name: str, env: dict[str, str], *args: str, py_spy: Path | None = None) -> tuple[dict, Sampled]:
     """plan or commit in its own Python process (as an Airflow task would run it), RSS sampled."""
-    result = run_sampled([PYTHON, str(ROOT / "bench" / "phase.py"), name, *args], env={**spark_env(), **env})
+    result = run_sampled([PYTHON, str(ROOT / "bench" / "phase.py"), name, *args], env={**spark_env(), **env},
+                         py_spy=py_spy)
     if result.returncode != 0:
         raise RuntimeError(f"phase {name} failed:\n{result.stderr[-3000:]}")
     return result.json_lines()[-1], result
+
+
+# ---------------------------------------------------------------- profiles
+
+PY_SPY_RATE = 100  # samples per second
+
+
+def event_logged(directory: Path) -> dict[str, str]:
+    """spark-submit conf that writes the application's event log (the data behind the Spark UI's job and
+    stage pages, and what the history server replays) as one plain JSON-lines file under `directory`."""
+    directory.mkdir(parents=True, exist_ok=True)
+    return {"spark.eventLog.enabled": "true", "spark.eventLog.dir": directory.as_uri(),
+            "spark.eventLog.compress": "false", "spark.eventLog.rolling.enabled": "false"}
+
+
+def spark_task_metrics(directory: Path) -> dict[str, float]:
+    """The Spark UI's task metrics, summed over every task of every application logged in `directory`:
+    executor run, CPU, GC and deserialize time (s), records read, shuffle written (MB, records)."""
+    totals = dict.fromkeys(("tasks", "run_s", "cpu_s", "gc_s", "deserialize_s", "input_records",
+                            "shuffle_write_mb", "shuffle_records", "stages"), 0.0)
+    for path in sorted(directory.iterdir()):
+        with path.open() as events:
+            for line in events:
+                if '"SparkListenerTaskEnd"' not in line and '"SparkListenerStageCompleted"' not in line:
+                    continue
+                event = json.loads(line)
+                if event["Event"] == "SparkListenerStageCompleted":
+                    totals["stages"] += 1
+                    continue
+                m = event.get("Task Metrics") or {}
+                shuffle = m.get("Shuffle Write Metrics") or {}
+                totals["tasks"] += 1
+                totals["run_s"] += m.get("Executor Run Time", 0) / 1e3
+                totals["cpu_s"] += m.get("Executor CPU Time", 0) / 1e9
+                totals["gc_s"] += m.get("JVM GC Time", 0) / 1e3
+                totals["deserialize_s"] += m.get("Executor Deserialize Time", 0) / 1e3
+                totals["input_records"] += (m.get("Input Metrics") or {}).get("Records Read", 0)
+                totals["shuffle_write_mb"] += shuffle.get("Shuffle Bytes Written", 0) / 2**20
+                totals["shuffle_records"] += shuffle.get("Shuffle Records Written", 0)
+    return {k: round(v, 3) for k, v in totals.items()}
+
+
+def py_spy_summary(path: Path, top: int = 4) -> dict:
+    """From a py-spy raw profile (one `frame;frame;...;leaf count` line per distinct stack, idle samples
+    left out): the Python CPU seconds it saw, the part spent importing modules, and the leaf functions
+    with the largest share of the rest."""
+    if not path.exists():
+        return {"active_s": 0.0, "import_s": 0.0, "top": []}
+    by_leaf: dict[str, int] = {}
+    total = imports = 0
+    for line in path.read_text(errors="replace").splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not count.isdigit():
+            continue
+        total += int(count)
+        if "importlib" in stack or "zipimport" in stack:
+            imports += int(count)
+            continue
+        leaf = stack.rsplit(";", 1)[-1].strip()
+        if leaf:
+            function, _, where = leaf.partition(" (")
+            name = f"{function} ({where.split(':', 1)[0].rsplit('/', 1)[-1]})"
+            by_leaf[name] = by_leaf.get(name, 0) + int(count)
+    ranked = sorted(by_leaf.items(), key=lambda item: -item[1])[:top]
+    return {"active_s": round(total / PY_SPY_RATE, 3), "import_s": round(imports / PY_SPY_RATE, 3),
+            "top": [(name, round(n / total, 3)) for name, n in ranked] if total else []}
 
 
 # ---------------------------------------------------------------- reporting

@@ -36,6 +36,7 @@ from common import (
     PYTHON,
     ROOT,
     Stack,
+    event_logged,
     filled_topic,
     kafka_tool,
     local_stack,
@@ -43,10 +44,12 @@ from common import (
     median,
     phase,
     print_table,
+    py_spy_summary,
     reproduce_command,
     run_sampled,
     spark_env,
     spark_submit,
+    spark_task_metrics,
     write_results,
     write_spec,
 )
@@ -70,13 +73,15 @@ def consumer_perf(stack: Stack, records: int) -> dict:
             "fetch_rate": float(values["fetch.nMsg.sec"]), "records": consumed}
 
 
-def raw_spark(stack: Stack, ranges_file: Path, records: int, driver_memory: str) -> dict:
+def raw_spark(stack: Stack, name: str, ranges_file: Path, records: int, driver_memory: str) -> dict:
+    events = stack.work_dir / "events" / name
     result = spark_submit(APPS / "raw_count.py", [str(ranges_file)], {"MICROBATCH_KAFKA_BOOTSTRAP": stack.bootstrap},
-                          driver_memory=driver_memory)
+                          conf=event_logged(events), driver_memory=driver_memory)
     info = result.json_lines()[-1]
     if info["count"] != records:
         raise RuntimeError(f"raw count {info['count']} != {records}")
-    return {"wall_s": round(result.seconds, 3), "engine_s": info["count_s"], "peak_rss_mb": result.peak_rss_mb}
+    return {"wall_s": round(result.seconds, 3), "engine_s": info["count_s"], "peak_rss_mb": result.peak_rss_mb,
+            "spark_metrics": spark_task_metrics(events)}
 
 
 def gc_logged(path: Path) -> dict[str, str]:
@@ -116,8 +121,11 @@ def microbatch_run(stack: Stack, name: str, records: int, per_batch: int, driver
     spec = find_spec("ip_count", spec_dir)
     totals = {"plan_s": 0.0, "stage_wall_s": 0.0, "stage_engine_s": 0.0, "commit_s": 0.0, "batches": 0}
     peaks: dict[str, float] = {}
+    events = stack.work_dir / "events" / name
+    profiles = stack.work_dir / "py-spy" / name
+    profiles.mkdir(parents=True, exist_ok=True)
     while True:
-        plan, plan_proc = phase("plan", env, "ip_count")
+        plan, plan_proc = phase("plan", env, "ip_count", py_spy=profiles / f"plan-{totals['batches']}.txt")
         peaks["plan_tree"] = max(peaks.get("plan_tree", 0), plan_proc.peak_rss_mb.get("tree", 0))
         if plan["batch_id"] is None:
             break
@@ -130,12 +138,14 @@ def microbatch_run(stack: Stack, name: str, records: int, per_batch: int, driver
             gc_log = stack.work_dir / f"gc-{name}-{plan['batch_id']}.log"
             stage = spark_submit(APPS / "stage_entry.py",
                                  ["--pipeline", "ip_count", "--batch-id", str(plan["batch_id"])], env,
-                                 conf={**spec.spark.conf, **gc_logged(gc_log)}, driver_memory=driver_memory)
+                                 conf={**spec.spark.conf, **gc_logged(gc_log), **event_logged(events)},
+                                 driver_memory=driver_memory, py_spy=profiles / f"stage-{plan['batch_id']}.txt")
             heap = live_heap_mb(gc_log)
             peaks["stage_jvm_heap_after_gc"] = max(peaks.get("stage_jvm_heap_after_gc", 0), heap)
         for kind, rss in stage.peak_rss_mb.items():
             peaks[f"stage_{kind}"] = max(peaks.get(f"stage_{kind}", 0), rss)
-        commit, commit_proc = phase("commit", env, "ip_count", str(plan["batch_id"]))
+        commit, commit_proc = phase("commit", env, "ip_count", str(plan["batch_id"]),
+                                    py_spy=profiles / f"commit-{plan['batch_id']}.txt")
         peaks["commit_tree"] = max(peaks.get("commit_tree", 0), commit_proc.peak_rss_mb.get("tree", 0))
         totals["plan_s"] += plan["seconds"]
         totals["stage_wall_s"] += stage.seconds
@@ -156,8 +166,15 @@ def microbatch_run(stack: Stack, name: str, records: int, per_batch: int, driver
     totals["stage_engine_s"] = totals["read_s"] + totals["stage_write_s"]
     wall = totals["plan_s"] + totals["stage_wall_s"] + totals["commit_s"]
     engine = totals["stage_engine_s"] + totals["commit_s"]
+    python = {kind: [py_spy_summary(f) for f in sorted(profiles.glob(f"{kind}-*.txt"))]
+              for kind in ("plan", "stage", "commit")}
     return {**{k: round(v, 3) for k, v in totals.items()}, "wall_s": round(wall, 3), "engine_s": round(engine, 3),
-            "sink_rows": rows, "peak_rss_mb": peaks}
+            "sink_rows": rows, "peak_rss_mb": peaks,
+            "spark_metrics": spark_task_metrics(events) if events.exists() else {},
+            "python_cpu_s": {kind: round(sum(p["active_s"] for p in ps), 3) for kind, ps in python.items()},
+            "python_import_s": {kind: round(sum(p["import_s"] for p in ps), 3) for kind, ps in python.items()},
+            "python_top": {kind: max(ps, key=lambda p: p["active_s"])["top"] if ps else []
+                           for kind, ps in python.items()}}
 
 
 PEER_DDL = [
@@ -179,16 +196,18 @@ def peer_run(stack: Stack, name: str, records: int, max_offsets: int, driver_mem
         for ddl in PEER_DDL:
             session.execute(text(ddl))
     checkpoint = stack.work_dir / "checkpoints" / name
+    events = stack.work_dir / "events" / name
     result = spark_submit(APPS / "peer_stream.py", [TOPIC, str(checkpoint), str(max_offsets)],
                           {"MICROBATCH_KAFKA_BOOTSTRAP": stack.bootstrap, "MICROBATCH_LEDGER_URL": url},
-                          conf={"spark.sql.shuffle.partitions": "4"}, driver_memory=driver_memory)
+                          conf={"spark.sql.shuffle.partitions": "4", **event_logged(events)},
+                          driver_memory=driver_memory)
     info = result.json_lines()[-1]
     with transaction(url) as session:
         counted = session.execute(text("SELECT coalesce(sum(count), 0) FROM peer_ip_counts")).scalar_one()
     if counted != records or info["records"] != records:
         raise RuntimeError(f"{name}: the peer counted {counted} of {info['records']} records, expected {records}")
     return {"wall_s": round(result.seconds, 3), "engine_s": info["query_s"], "batches": len(info["batches"]),
-            "peak_rss_mb": result.peak_rss_mb}
+            "peak_rss_mb": result.peak_rss_mb, "spark_metrics": spark_task_metrics(events)}
 
 
 def main(argv: list[str]) -> int:
@@ -221,7 +240,8 @@ def main(argv: list[str]) -> int:
         print(f"produced {n:,} records in {results['produce']['seconds']}s; measuring...", flush=True)
         for rep in range(args.reps):
             runs.setdefault("a_kafka_consumer", []).append(consumer_perf(stack, n))
-            runs.setdefault("b_spark_raw_count", []).append(raw_spark(stack, ranges_file, n, args.driver_memory))
+            runs.setdefault("b_spark_raw_count", []).append(
+                raw_spark(stack, f"b_{rep}", ranges_file, n, args.driver_memory))
             runs.setdefault("c_microbatch_1_batch", []).append(
                 microbatch_run(stack, f"c1_{rep}", n, n, args.driver_memory))
             runs.setdefault("d_peer_1_batch", []).append(peer_run(stack, f"d1_{rep}", n, 0, args.driver_memory))
@@ -300,6 +320,29 @@ def main(argv: list[str]) -> int:
     results["stage_driver_by_batch_size"] = by_size
     print_table("Stage driver JVM by batch size (spark-submit, medians)", ["run", "peak RSS MB", "heap after GC MB"],
                 by_size)
+    spark_rows = []
+    for key in ("b_spark_raw_count", "c_microbatch_1_batch", "d_peer_1_batch", "c_microbatch_split", "d_peer_split"):
+        metrics = [r["spark_metrics"] for r in runs.get(key, []) if r.get("spark_metrics")]
+        if metrics:
+            m = {k: median([x[k] for x in metrics]) for k in metrics[0]}
+            spark_rows.append([key, m["stages"], m["tasks"], m["run_s"], m["cpu_s"], m["gc_s"], m["deserialize_s"],
+                               m["cpu_s"] * 1e6 / n, m["shuffle_write_mb"]])
+    results["spark_task_metrics"] = spark_rows
+    print_table("Spark task metrics from the event logs (what the Spark UI's stage pages show; medians, summed "
+                "over tasks)", ["run", "stages", "tasks", "executor run s", "executor CPU s", "GC s",
+                                "deserialize s", "CPU µs/record", "shuffle write MB"], spark_rows)
+    py_rows = []
+    for kind in ("plan", "stage", "commit"):
+        cpu = median([r["python_cpu_s"][kind] for r in c_runs])
+        imports = median([r["python_import_s"][kind] for r in c_runs])
+        wall = median([r["stage_wall_s" if kind == "stage" else f"{kind}_s"] for r in c_runs])
+        top = c_runs[0]["python_top"][kind]
+        py_rows.append([kind, wall, cpu, imports, "; ".join(f"{name} {share:.0%}" for name, share in top[:3])])
+    results["python_profile_c_1_batch"] = py_rows
+    print_table("Python in microbatch, one batch (py-spy on each phase's Python process, idle samples excluded; "
+                "medians)", ["phase", "timed s", "Python CPU s", "of it imports s",
+                             "top functions outside imports (rep 1, share of all samples)"], py_rows)
+    path = write_results("throughput", results)
     print(f"results: {path}\nreproduce: {results['command']}")
     return 0
 
