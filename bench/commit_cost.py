@@ -61,11 +61,11 @@ def stage_batch_sql(url: str, spec, batch_index: int, records: int, partitions: 
         dead = int(records * dead_share)
         good = records - dead
         session.execute(text(
-            "INSERT INTO stage_ip_counts (batch_id, attempt, window_start, window_end, ip, count) "
+            "INSERT INTO stage_ip_counts (batch_id, attempt, window_start, window_end, ip, count, topic, partition) "
             "SELECT :b, :a, :ws, :we, '10.' || (i / 65536 % 256) || '.' || (i / 256 % 256) || '.' || (i % 256), "
-            ":per + CASE WHEN i <= :rest THEN 1 ELSE 0 END FROM generate_series(1, :rows) AS i"),
+            ":per + CASE WHEN i <= :rest THEN 1 ELSE 0 END, :t, i % :p FROM generate_series(1, :rows) AS i"),
             {"b": batch_id, "a": attempt, "ws": window, "we": window + timedelta(seconds=5), "rows": rows,
-             "per": good // rows, "rest": good % rows})
+             "per": good // rows, "rest": good % rows, "t": TOPIC, "p": partitions})
         if dead:
             session.execute(text(
                 'INSERT INTO stage_dead_letters (batch_id, attempt, topic, partition, "offset", raw, error) '

@@ -19,7 +19,7 @@ from sqlalchemy import make_url
 
 from microbatch.staging import jdbc_options
 
-COLUMNS = ("batch_id", "attempt", "window_start", "window_end", "ip", "count")
+COLUMNS = ("batch_id", "attempt", "window_start", "window_end", "ip", "count", "topic", "partition")
 
 
 def main(argv: list[str]) -> int:
@@ -35,7 +35,8 @@ def main(argv: list[str]) -> int:
         F.timestamp_seconds(F.lit(1_795_000_000) + (F.col("id") % 100) * 5).alias("window_start"),
         F.timestamp_seconds(F.lit(1_795_000_005) + (F.col("id") % 100) * 5).alias("window_end"),
         F.concat(F.lit("10.0."), (F.col("id") / 256 % 256).cast("int"), F.lit("."), F.col("id") % 256).alias("ip"),
-        (F.col("id") % 7 + 1).alias("count"),
+        (F.col("id") % 7 + 1).alias("count"), F.lit("bench_src").alias("topic"),
+        (F.col("id") % 8).cast("int").alias("partition"),
     ).repartition(2).cache()
     df.count()
 
