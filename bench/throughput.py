@@ -15,8 +15,11 @@ full read first:
   c'. microbatch plan + stage (a Connect client process, bench/connect_stage.py) + commit, one batch, and
       batches of N/--split.
 Peak RSS (psutil sampling of the process tree) of the stage spark-submit and of plan / commit is recorded.
+Profiles: every spark-submit run (b, c, d) writes a Spark event log, whose task metrics (run, CPU, GC time, shuffle:
+what the Spark UI's stage pages show) are summed per run; py-spy records the Python process of each of c's plan,
+stage driver and commit (Python CPU, imports, top functions).
 
-    PYTHONPATH=include:. .venv/bin/python bench/throughput.py --records 10000000 --reps 3
+    PYTHONPATH=include:. .venv/bin/python bench/throughput.py --records 10000000 --reps 3 --split 10 --connect
 """
 
 from __future__ import annotations
