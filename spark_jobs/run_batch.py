@@ -15,7 +15,7 @@ from pyspark.sql import SparkSession
 from sqlalchemy.exc import OperationalError
 
 from microbatch.config import find_spec
-from microbatch.errors import MicrobatchError, error_summary
+from microbatch.errors import MicrobatchError, StageFailedError
 from microbatch.kafka_offsets import bootstrap_from_env
 from microbatch.ledger.database import ledger_url_from_env, unreachable
 from microbatch.staging import stage_batches
@@ -47,11 +47,9 @@ def main(argv: list[str] | None = None) -> int:
     except OperationalError as exc:
         log.error("stage failed: %s", unreachable(ledger_url, exc))
         return 1
-    except Exception as exc:  # a Spark failure: the sentence first, then the trace for a bug report
-        log.error("stage failed: %s. Nothing was committed and the batch keeps its planned ranges, so the "
-                  "retry re-reads exactly them; if every retry fails the same way, report the trace below.",
-                  error_summary(exc))
+    except Exception as exc:  # outside stage_batches (the session start): the trace, then the one sentence
         log.info("trace of the stage failure:", exc_info=True)
+        log.error("stage failed: %s", StageFailedError.from_exception(exc))
         return 1
     return 0
 

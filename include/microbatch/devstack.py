@@ -464,6 +464,19 @@ class SparkStandalone:
         self.processes.clear()
 
 
+def _terminate_group(process: subprocess.Popen, timeout: float) -> None:
+    """SIGTERM the process group `process` leads (started with start_new_session), then SIGKILL it if
+    `process` has not exited within `timeout`."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGTERM)
+    try:
+        process.wait(timeout)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait(timeout)
+
+
 class SparkConnectServer:
     """A long-lived Spark Connect server (the pyspark wheel's `SparkConnectServer` class, which
     `start-connect-server.sh` runs) with the connector jars, on a free loopback port.
@@ -540,16 +553,8 @@ class SparkConnectServer:
         return self.process.pid if self.process else None
 
     def stop(self, timeout: float = 30) -> None:
-        if self.process is None or self.process.poll() is not None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.process.pid, signal.SIGTERM)
-        try:
-            self.process.wait(timeout)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait(timeout)
+        if self.process is not None and self.process.poll() is None:
+            _terminate_group(self.process, timeout)
 
     def __enter__(self) -> SparkConnectServer:
         return self.start()
@@ -620,14 +625,7 @@ class AirflowStandalone:
 
     def stop(self) -> None:
         # standalone runs its components as its children, in the session it leads: stop exactly that group.
-        try:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            self.proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(timeout=10)
-        except ProcessLookupError:
-            pass
+        _terminate_group(self.proc, 20)
         # Its components may outlive it for a moment: wait for the whole group, then kill what is left.
         for attempt in range(50):  # 10 s at most; zombies awaiting their reaper can stay listed
             try:

@@ -67,3 +67,16 @@ def error_summary(exc: BaseException) -> str:
     java = next((line.removeprefix(":").strip() for line in lines if line.startswith(": ")), None)
     text = java or (lines[0] if lines else "no message")
     return f"{type(exc).__name__}: {text}"[:500]
+
+
+class StageFailedError(MicrobatchError):
+    """The stage's Spark job failed for a reason the platform does not name (a Spark error, a bug in a job).
+    Nothing was committed, so a retry re-reads the same ranges."""
+
+    retryable = True
+
+    @classmethod
+    def from_exception(cls, exc: BaseException) -> StageFailedError:
+        return cls(f"The stage failed: {error_summary(exc)}.",
+                   fix="Nothing was committed and the batch keeps its planned ranges, so the retry re-reads exactly "
+                       "them; if every retry fails the same way, report the trace logged above.")

@@ -20,10 +20,11 @@ from pyspark import StorageLevel
 from pyspark.sql import Column, DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 from sqlalchemy import make_url
+from sqlalchemy.exc import OperationalError
 
 from microbatch import failpoints
 from microbatch.config import PipelineSpec, PostgresAggregateSink
-from microbatch.errors import DataLossError, SpecError
+from microbatch.errors import DataLossError, MicrobatchError, SpecError, StageFailedError
 from microbatch.kafka_offsets import offset_bounds, offsets_client
 from microbatch.kafka_security import spark_client_options
 from microbatch.ledger import repository as repo
@@ -31,6 +32,7 @@ from microbatch.ledger.database import stage_lock, transaction
 from microbatch.ledger.models import BatchState
 from microbatch.planning import OffsetRange, data_loss_at_read, lost_ranges
 from microbatch.reporting import log_stage_summary
+from microbatch.spark_remote import is_unavailable
 from microbatch.transform import ERROR_COLUMN, LATE_COLUMN, SparkJob
 
 log = logging.getLogger(__name__)
@@ -332,16 +334,21 @@ def stage_batches(
     spark: SparkSession, spec: PipelineSpec, batch_ids: list[int], ledger_url: str, bootstrap_servers: str,
     log: logging.Logger = log,
 ) -> list[StageResult]:
-    """Stage each batch in turn on one Spark session (spark-submit or Spark Connect) and log its summary;
-    a Kafka data-loss refusal becomes a DataLossError naming the lost ranges."""
+    """Stage each batch in turn on one Spark session (spark-submit or Spark Connect) and log its summary.
+    A Kafka data-loss refusal becomes a DataLossError naming the lost ranges; any other Spark failure a
+    retryable StageFailedError of one sentence, its trace logged first for a bug report. Platform errors,
+    an unreachable ledger and a lost Connect server pass through to their own handling."""
     results = []
     for batch_id in batch_ids:
         try:
             result = stage_batch(spark, spec, batch_id, ledger_url, bootstrap_servers)
         except Exception as exc:
-            if not is_data_loss(exc):
+            if is_data_loss(exc):
+                raise data_loss_error(spec, batch_id, ledger_url, bootstrap_servers) from None
+            if isinstance(exc, MicrobatchError | OperationalError) or is_unavailable(exc):
                 raise
-            raise data_loss_error(spec, batch_id, ledger_url, bootstrap_servers) from None
+            log.info("trace of the failure of batch %s:", batch_id, exc_info=True)
+            raise StageFailedError.from_exception(exc) from None
         if result is not None:
             log_stage_summary(log, result)
             results.append(result)
