@@ -1,4 +1,8 @@
-"""spark-submit entrypoint of the stage phase: `run_batch.py --pipeline NAME --batch-id N`.
+"""spark-submit entrypoint of the stage phase: `run_batch.py --pipeline NAME --batch-id N [--spec TOKEN]`.
+
+The stage task passes the validated spec itself (`--spec`, see `config.encode_spec`): the driver may
+import this package from the `--py-files` zip or run on another machine, where no spec file is. Without
+`--spec` (a manual run), the spec is read from the pipelines directory.
 
 Connections come from the environment (MICROBATCH_LEDGER_URL, MICROBATCH_KAFKA_BOOTSTRAP),
 never from the command line, so no secret shows in `ps` or in the task log.
@@ -14,8 +18,8 @@ import sys
 from pyspark.sql import SparkSession
 from sqlalchemy.exc import OperationalError
 
-from microbatch.config import find_spec
-from microbatch.errors import MicrobatchError, StageFailedError
+from microbatch.config import decode_spec, find_spec
+from microbatch.errors import MicrobatchError, SpecError, StageFailedError
 from microbatch.kafka_offsets import bootstrap_from_env
 from microbatch.ledger.database import ledger_url_from_env, unreachable
 from microbatch.staging import stage_batches
@@ -27,12 +31,16 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--pipeline", required=True)
     parser.add_argument("--batch-id", required=True, help="A batch id, or several separated by commas.")
+    parser.add_argument("--spec", help="The spec as the stage task encodes it; default: read the spec file.")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stdout)
     logging.getLogger("py4j").setLevel(logging.WARNING)
     ledger_url = ""
     try:
-        spec = find_spec(args.pipeline)
+        spec = decode_spec(args.spec) if args.spec else find_spec(args.pipeline)
+        if spec.name != args.pipeline:
+            raise SpecError(f"--spec holds the pipeline '{spec.name}', not '{args.pipeline}'.",
+                            fix="Pass the spec of the pipeline named by --pipeline.")
         ledger_url = ledger_url_from_env()
         bootstrap = bootstrap_from_env()
         batch_ids = [int(part) for part in str(args.batch_id).split(",") if part.strip()]

@@ -20,7 +20,7 @@ from airflow.sdk import DAG, Asset, BaseHook, Param, task
 from airflow.sdk.exceptions import AirflowFailException, AirflowNotFoundException, AirflowSkipException
 from sqlalchemy.exc import OperationalError
 
-from microbatch.config import PipelineSpec, find_spec
+from microbatch.config import PipelineSpec, encode_spec, find_spec
 from microbatch.errors import ConnectionSettingsError, MicrobatchError
 from microbatch.kafka_offsets import BOOTSTRAP_ENV
 from microbatch.kafka_security import env_from_connection
@@ -142,7 +142,7 @@ class StageBatchOperator(SparkSubmitOperator):
     variables only, never on its command line.
     """
 
-    def __init__(self, *, pipeline: str, kafka_conn_id: str, spark_conf: dict[str, str], **kwargs: Any) -> None:
+    def __init__(self, *, spec: PipelineSpec, spark_conf: dict[str, str], **kwargs: Any) -> None:
         conf = {
             "spark.sql.session.timeZone": "UTC",
             "spark.driver.extraJavaOptions": "-Duser.timezone=UTC",
@@ -152,13 +152,15 @@ class StageBatchOperator(SparkSubmitOperator):
         }
         super().__init__(
             application=str(RUN_BATCH),
-            application_args=["--pipeline", pipeline, "--batch-id", "{{ ti.xcom_pull(task_ids='plan') }}"],
-            name=f"microbatch-{pipeline}",
+            # The spec travels with the command, so the driver needs no spec file wherever it runs.
+            application_args=["--pipeline", spec.name, "--batch-id", "{{ ti.xcom_pull(task_ids='plan') }}",
+                              "--spec", encode_spec(spec)],
+            name=f"microbatch-{spec.name}",
             conf=conf,
             **kwargs,
         )
-        self.pipeline = pipeline
-        self.kafka_conn_id = kafka_conn_id
+        self.pipeline = spec.name
+        self.kafka_conn_id = spec.source.connection
 
     def execute(self, context: Any) -> None:
         from microbatch.devstack import spark_jars
@@ -175,8 +177,7 @@ class StageBatchOperator(SparkSubmitOperator):
             }
         except MicrobatchError as exc:
             _fail(exc)
-        for name in ("MICROBATCH_FAILPOINTS", "MICROBATCH_FAILPOINT_DIR", "MICROBATCH_PIPELINES_DIR", "PATH",
-                     "JAVA_HOME"):
+        for name in ("MICROBATCH_FAILPOINTS", "MICROBATCH_FAILPOINT_DIR", "PATH", "JAVA_HOME"):
             if os.environ.get(name):
                 env[name] = os.environ[name]
         self.env_vars = {**(self.env_vars or {}), **env}
@@ -226,8 +227,7 @@ def _stage_task(spec: PipelineSpec) -> Any:
         return _connect_stage_task(spec)
     return StageBatchOperator(
         task_id="stage",
-        pipeline=spec.name,
-        kafka_conn_id=spec.source.connection,
+        spec=spec,
         conn_id=spec.spark.connection,
         spark_conf=spec.spark.conf,
     )
@@ -297,7 +297,7 @@ def _commit_task(spec: PipelineSpec) -> Any:
         summaries = []
         for batch_id in [int(part) for part in str(batch_ids).split(",")]:
             with task_errors(url), transaction(url) as session:
-                result = commit_batch(session, spec, batch_id)
+                result = commit_batch(session, spec, batch_id, context.get("run_id"))
             hit("commit.after_commit")
             log_commit_summary(log, spec.name, result)
             if spec.source.commit_group_offsets and result.moves:

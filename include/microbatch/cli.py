@@ -1,4 +1,9 @@
-"""The `microbatch` operator CLI (Typer + Rich)."""
+"""The `microbatch` operator CLI (Typer + Rich).
+
+Every command finds its connections the same way: the environment first, else the local stack that
+`make demo` or `make airflow` started. Every error is one sentence on the cause and the fix, and a
+non-zero exit; no traceback.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +11,11 @@ import json
 import logging
 import os
 import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -14,10 +24,12 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from microbatch import localenv
-from microbatch.errors import MicrobatchError
+from microbatch.errors import MicrobatchError, SpecError
 
-app = typer.Typer(help="Exactly-once Kafka micro-batches: ledger, data and local stack.", no_args_is_help=True)
-console = Console(soft_wrap=True)
+app = typer.Typer(help="Exactly-once Kafka micro-batches: ledger, data and local stack.", no_args_is_help=True,
+                  pretty_exceptions_enable=False)
+# Piped output is not cut to 80 columns: tables keep their rows whole for grep and for files.
+console = Console(soft_wrap=True, width=None if sys.stdout.isatty() else int(os.environ.get("COLUMNS") or 0) or 250)
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
 
 
@@ -27,9 +39,73 @@ def _ledger_url() -> str:
     return ledger_url_from_env()
 
 
+def _bootstrap() -> str:
+    from microbatch.kafka_offsets import bootstrap_from_env
+
+    return bootstrap_from_env()
+
+
 def _fail(exc: MicrobatchError) -> None:
-    console.print(f"[red]error:[/red] {exc}")
+    console.print(f"[red]error:[/red] {exc}", highlight=False)
     raise typer.Exit(2)
+
+
+def _pipeline_id(session: object, name: str) -> int:
+    """The ledger id of pipeline `name`; an unknown name says whether no spec has it or it never ran."""
+    from microbatch.config import find_spec
+    from microbatch.ledger import queries
+
+    pid = queries.pipeline_id(session, name)  # type: ignore[arg-type]
+    if pid is not None:
+        return pid
+    find_spec(name)  # no such spec: "There is no pipeline 'x' in ... Known pipelines: ..."
+    raise MicrobatchError(f"The ledger has no pipeline '{name}' yet: it has never run.",
+                          fix=f"Run it first: microbatch run {name}.")
+
+
+def _partitions_param(text: str) -> str | list[int]:
+    """`--partitions`: "all" or a comma-separated list of partition numbers."""
+    if text.strip() == "all":
+        return "all"
+    try:
+        numbers = [int(part) for part in text.split(",")]
+    except ValueError:
+        numbers = []
+    if not numbers or any(n < 0 for n in numbers):
+        raise SpecError(f"--partitions '{text}' is not \"all\" or a list of partition numbers.",
+                        fix="Give all, or numbers separated by commas, such as 0,2.")
+    return numbers
+
+
+@contextmanager
+def _output_to(path: Path) -> Iterator[None]:
+    """Send everything this process and its children print (Airflow's log, spark-submit's) to `path`."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = os.dup(1), os.dup(2)
+    with path.open("a") as log_file:
+        os.dup2(log_file.fileno(), 1)
+        os.dup2(log_file.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os.dup2(saved[0], 1)
+            os.dup2(saved[1], 2)
+            os.close(saved[0])
+            os.close(saved[1])
+
+
+def _quiet_clients() -> None:
+    """Kafka client chatter stays out of the CLI's output (failures reach the user as one sentence); again
+    after a DAG run, whose logging setup turns it back on."""
+    logging.getLogger("kafka").setLevel(logging.ERROR)
+
+
+def _run_log_path(name: str) -> Path:
+    return localenv.cache_dir() / "logs" / f"{name}-{datetime.now(UTC):%Y%m%dT%H%M%S}.log"
 
 
 @app.command()
@@ -37,11 +113,7 @@ def migrate() -> None:
     """Create or upgrade the ledger schema (Alembic upgrade head)."""
     from microbatch.ledger.database import migrate as run_migrate
 
-    try:
-        revision = run_migrate(_ledger_url())
-    except MicrobatchError as exc:
-        _fail(exc)
-    console.print(f"ledger schema at revision {revision}")
+    console.print(f"ledger schema at revision {run_migrate(_ledger_url())}")
 
 
 app.command("init-db", help="Alias of migrate.")(migrate)
@@ -58,15 +130,11 @@ def generate(
     malformed: Annotated[float, typer.Option(min=0.0, max=1.0, help="Share of unparseable lines.")] = 0.02,
     seed: int = 7,
 ) -> None:
-    """Produce sample nginx access-log lines into a topic (created if missing)."""
+    """Produce sample nginx access-log lines into a topic (created if missing); event times start now."""
     from microbatch.datagen import generate_lines, produce_lines
     from microbatch.devstack import create_topic
-    from microbatch.kafka_offsets import bootstrap_from_env
 
-    try:
-        bootstrap = bootstrap_from_env()
-    except MicrobatchError as exc:
-        _fail(exc)
+    bootstrap = _bootstrap()
     create_topic(bootstrap, topic, partitions)
     lines = generate_lines(count, ips=ips, span_seconds=span_seconds, out_of_order=out_of_order,
                            malformed=malformed, seed=seed)
@@ -78,21 +146,36 @@ def generate(
     console.print(f"produced {sent} lines to {topic} ({bad} malformed)")
 
 
+def _print_runs(outcomes: list) -> None:
+    for outcome in outcomes:
+        steps = ", ".join(f"{task} {state}" + (f" {outcome.task_seconds[task]:.1f}s"
+                                                 if task in outcome.task_seconds else "")
+                          for task, state in outcome.task_states.items())
+        console.print(f"{outcome.run_id}: {outcome.state} ({steps})", highlight=False)
+
+
 @app.command()
 def run(
     pipeline: str,
     max_runs: Annotated[int, typer.Option(min=1, help="Stop after this many DAG runs.")] = 20,
+    log_file: Annotated[Path | None, typer.Option(
+        help="Write Airflow's task log to this file instead of the terminal (print only the summary).")] = None,
 ) -> None:
     """Run the pipeline's DAG locally (dag.test) until it has caught up with Kafka."""
+    from microbatch.config import find_spec
     from microbatch.runner import run_until_caught_up
 
-    try:
+    find_spec(pipeline)  # an unknown or bad spec is one sentence, before Airflow starts
+    if log_file is None:
         outcomes = run_until_caught_up(pipeline, max_runs)
-    except MicrobatchError as exc:
-        _fail(exc)
-    for outcome in outcomes:
-        console.print(f"{outcome.run_id}: {outcome.state} {outcome.task_states}")
+    else:
+        with _output_to(log_file):
+            outcomes = run_until_caught_up(pipeline, max_runs)
+    _quiet_clients()
+    _print_runs(outcomes)
     if outcomes and outcomes[-1].state != "success":
+        if log_file is not None:
+            console.print(f"[red]the last run failed[/red]; its task log is in {log_file}", highlight=False)
         raise typer.Exit(1)
 
 
@@ -109,18 +192,26 @@ def backfill(
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the plan; write nothing.")] = False,
 ) -> None:
     """Run the pipeline's backfill DAG (the same as triggering <pipeline>__backfill in the UI)."""
-    from microbatch.backfill import parse_params
+    from microbatch.backfill import parse_params, plan_backfill
     from microbatch.config import find_spec
+    from microbatch.reporting import log_backfill_plan
     from microbatch.runner import run_once
 
     params = {"topic": topic, "start": start, "end": end, "mode": mode, "dry_run": dry_run,
-              "partitions": "all" if partitions == "all" else [int(p) for p in partitions.split(",")]}
-    try:
-        parse_params(find_spec(pipeline), params)  # refuse bad parameters before anything runs
-        outcome = run_once(pipeline, backfill=params)
-    except MicrobatchError as exc:
-        _fail(exc)
-    console.print(f"{outcome.run_id}: {outcome.state} {outcome.task_states}")
+              "partitions": _partitions_param(partitions)}
+    spec = find_spec(pipeline)
+    parse_params(spec, params)  # refuse bad parameters before anything runs
+    if dry_run:  # the plan alone: computed here, as the backfill DAG's plan task would, and nothing written
+        plan_log = logging.getLogger("microbatch.cli.plan")
+        handler = logging.StreamHandler(sys.stdout)
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        plan_log.addHandler(handler)
+        plan_log.setLevel(logging.INFO)
+        plan_log.propagate = False
+        log_backfill_plan(plan_log, pipeline, plan_backfill(spec, params, _ledger_url(), _bootstrap()))
+        return
+    outcome = run_once(pipeline, backfill=params)
+    _print_runs([outcome])
     if outcome.state != "success":
         raise typer.Exit(1)
 
@@ -128,20 +219,18 @@ def backfill(
 @app.command()
 def abandon(
     pipeline: str,
-    batch: Annotated[int, typer.Argument(help="The open batch id (see `microbatch history`).")],
+    batch: Annotated[int, typer.Argument(min=1, help="The open batch id (see `microbatch history`).")],
     yes: Annotated[bool, typer.Option("--yes", help="Do not ask for confirmation.")] = False,
 ) -> None:
     """Close an open (planned or staged) batch whose run is gone, so its ranges can be planned again."""
-    from microbatch.ledger import queries
     from microbatch.ledger import repository as repo
     from microbatch.ledger.database import transaction
 
+    with transaction(_ledger_url()) as session:
+        pid = _pipeline_id(session, pipeline)
     if not yes and not typer.confirm(f"Abandon batch {batch} of {pipeline}? Its staged work is discarded."):
         raise typer.Exit(1)
     with transaction(_ledger_url()) as session:
-        pid = queries.pipeline_id(session, pipeline)
-        if pid is None:
-            _fail(MicrobatchError(f"The ledger has no pipeline '{pipeline}'.", fix="Check the name."))
         was = repo.abandon_open_batch(session, pid, batch, "abandoned by an operator (microbatch abandon)")
     if was is None:
         _fail(MicrobatchError(f"Batch {batch} of {pipeline} is not open (planned or staged); nothing changed.",
@@ -155,7 +244,7 @@ def reset(
     to: Annotated[str, typer.Option("--to", help="earliest, latest, offset or timestamp.")],
     value: Annotated[str | None, typer.Option(help="The offset, or the ISO-8601 time.")] = None,
     topic: Annotated[str | None, typer.Option(help="One topic; all of the pipeline's when omitted.")] = None,
-    partition: Annotated[int | None, typer.Option(help="One partition; all when omitted.")] = None,
+    partition: Annotated[int | None, typer.Option(min=0, help="One partition; all when omitted.")] = None,
     yes: Annotated[bool, typer.Option("--yes", help="Do not ask for confirmation.")] = False,
 ) -> None:
     """Move positions once, on the record: refused while a batch is open; skipped offsets become a gap."""
@@ -164,53 +253,48 @@ def reset(
     from kafka import TopicPartition as KafkaTopicPartition
 
     from microbatch.config import find_spec
-    from microbatch.kafka_offsets import (
-        bootstrap_from_env,
-        discover_partitions,
-        offset_bounds,
-        offsets_client,
-        source_partitions,
-    )
+    from microbatch.kafka_offsets import discover_partitions, offset_bounds, offsets_client, source_partitions
     from microbatch.ledger import repository as repo
     from microbatch.ledger.database import transaction
-    from microbatch.reset import apply_moves, parse_time, plan_moves, resolve_target
+    from microbatch.reset import apply_moves, parse_offset, parse_time, plan_moves, resolve_target
 
     if to not in ("earliest", "latest", "offset", "timestamp"):
-        _fail(MicrobatchError(f"reset: --to '{to}' is not a target.", fix="Use earliest, latest, offset or timestamp."))
-    try:
-        spec = find_spec(pipeline)
-        with offsets_client(bootstrap_from_env(), spec.source.isolation_level) as consumer:
-            partitions = [tp for tp in (discover_partitions(consumer, [topic]) if topic
-                                        else source_partitions(consumer, spec.source))
-                          if partition is None or tp.partition == partition]
-            if not partitions:
-                _fail(MicrobatchError(f"reset: partition {partition} does not exist.", fix="Check --partition."))
-            earliest, latest = offset_bounds(consumer, partitions)
-            for_time = None
-            if to == "timestamp":
-                millis = int(parse_time(value or "").timestamp() * 1000)
-                found = consumer.offsets_for_times({KafkaTopicPartition(tp.topic, tp.partition): millis
-                                                    for tp in partitions})
-                for_time = {tp: (found[KafkaTopicPartition(tp.topic, tp.partition)] or None) and
-                            found[KafkaTopicPartition(tp.topic, tp.partition)].offset for tp in partitions}
-        new = resolve_target(to, value, earliest, latest, for_time)  # type: ignore[arg-type]
-        with transaction(_ledger_url()) as session:
-            pipeline_row = repo.ensure_pipeline(session, spec, lock=True)
-            moves = plan_moves(session, pipeline_row.id, new)
-            if not moves:
-                console.print("nothing to change: every position is already there")
-                return
-            table = Table(title=f"{pipeline}: reset --to {to}")
-            for column in ("partition", "from", "to", "skipped offsets"):
-                table.add_column(column)
-            for m in moves:
-                table.add_row(str(m.tp), "-" if m.old is None else str(m.old), str(m.new), str(m.skipped))
-            console.print(table)
-            if not yes and not typer.confirm("Apply this reset?"):
-                raise typer.Exit(1)
-            apply_moves(session, pipeline_row.id, moves, to, getpass.getuser())
-    except MicrobatchError as exc:
-        _fail(exc)
+        raise SpecError(f"reset: --to '{to}' is not a target.", fix="Use earliest, latest, offset or timestamp.")
+    if to in ("offset", "timestamp") and value is None:
+        raise SpecError(f"reset --to {to} needs --value.", fix="Give the offset, or the time as ISO-8601.")
+    millis = int(parse_time(value).timestamp() * 1000) if to == "timestamp" else None  # type: ignore[arg-type]
+    if to == "offset":
+        parse_offset(value)  # type: ignore[arg-type]
+    spec = find_spec(pipeline)
+    with offsets_client(_bootstrap(), spec.source.isolation_level) as consumer:
+        partitions = [tp for tp in (discover_partitions(consumer, [topic]) if topic
+                                    else source_partitions(consumer, spec.source))
+                      if partition is None or tp.partition == partition]
+        if not partitions:
+            raise SpecError(f"reset: partition {partition} does not exist.", fix="Check --partition.")
+        earliest, latest = offset_bounds(consumer, partitions)
+        for_time = None
+        if millis is not None:
+            found = consumer.offsets_for_times({KafkaTopicPartition(tp.topic, tp.partition): millis
+                                                for tp in partitions})
+            for_time = {tp: (found[KafkaTopicPartition(tp.topic, tp.partition)] or None) and
+                        found[KafkaTopicPartition(tp.topic, tp.partition)].offset for tp in partitions}
+    new = resolve_target(to, value, earliest, latest, for_time)  # type: ignore[arg-type]
+    with transaction(_ledger_url()) as session:
+        pipeline_row = repo.ensure_pipeline(session, spec, lock=True)
+        moves = plan_moves(session, pipeline_row.id, new)
+        if not moves:
+            console.print("nothing to change: every position is already there")
+            return
+        table = Table(title=f"{pipeline}: reset --to {to}")
+        for column in ("partition", "from", "to", "skipped offsets"):
+            table.add_column(column)
+        for m in moves:
+            table.add_row(str(m.tp), "-" if m.old is None else str(m.old), str(m.new), str(m.skipped))
+        console.print(table)
+        if not yes and not typer.confirm("Apply this reset?"):
+            raise typer.Exit(1)
+        apply_moves(session, pipeline_row.id, moves, to, getpass.getuser())
     console.print(f"reset applied to {len(moves)} partition(s); skipped offsets are recorded as gaps")
 
 
@@ -218,27 +302,23 @@ def reset(
 def publish(pipeline: str) -> None:
     """Publish the pipeline's pending outbox rows to its Kafka sinks (what the publish task does)."""
     from microbatch.config import find_spec
-    from microbatch.kafka_offsets import bootstrap_from_env
     from microbatch.publisher import publish_sink
 
-    try:
-        spec = find_spec(pipeline)
-        for sink in spec.kafka_sinks:
-            result = publish_sink(spec, sink, _ledger_url(), bootstrap_from_env())
-            console.print(f"{sink.name}: sequences {result.first_seq}..{result.last_seq} published "
-                          f"({result.records} records, {result.transactions} transactions) to {result.topic}")
-    except MicrobatchError as exc:
-        _fail(exc)
+    spec = find_spec(pipeline)
+    for sink in spec.kafka_sinks:
+        result = publish_sink(spec, sink, _ledger_url(), _bootstrap())
+        console.print(f"{sink.name}: sequences {result.first_seq}..{result.last_seq} published "
+                      f"({result.records} records, {result.transactions} transactions) to {result.topic}")
 
 
 def _latest_offsets(name: str) -> dict:
     """Latest offsets of the pipeline's partitions, or {} with a warning when Kafka is unreachable."""
     from microbatch.config import find_spec
-    from microbatch.kafka_offsets import bootstrap_from_env, offset_bounds, offsets_client, source_partitions
+    from microbatch.kafka_offsets import offset_bounds, offsets_client, source_partitions
 
     try:
         spec = find_spec(name)
-        with offsets_client(bootstrap_from_env(), spec.source.isolation_level) as consumer:
+        with offsets_client(_bootstrap(), spec.source.isolation_level) as consumer:
             return offset_bounds(consumer, source_partitions(consumer, spec.source))[1]
     except MicrobatchError as exc:
         console.print(f"[yellow]warning:[/yellow] latest offsets unavailable: {exc}")
@@ -256,15 +336,13 @@ def status(
 
     with transaction(_ledger_url()) as session:
         names = [pipeline] if pipeline else queries.pipeline_names(session)
-        report = {}
-        for name in names:
-            pid = queries.pipeline_id(session, name)
-            if pid is None:
-                _fail(MicrobatchError(f"The ledger has no pipeline '{name}'.", fix="Run it first."))
-            report[name] = queries.partition_status(session, pid, _latest_offsets(name))
+        report = {name: queries.partition_status(session, _pipeline_id(session, name), _latest_offsets(name))
+                  for name in names}
     if as_json:
         print(json.dumps({name: [queries.to_dict(r) for r in rows] for name, rows in report.items()}))
         return
+    if not report:
+        console.print("the ledger has no pipeline yet: run one with `microbatch run NAME`")
     for name, rows in report.items():
         total = sum(r.lag or 0 for r in rows)
         table = Table(title=f"{name}: total lag {total}")
@@ -277,17 +355,21 @@ def status(
         console.print(table)
 
 
+def _runs_text(planned: str | None, committed: str | None) -> str:
+    """The Airflow run of a batch; both runs when a later run committed what an earlier one planned."""
+    if committed and committed != planned:
+        return f"planned by {planned or '-'}, committed by {committed}"
+    return planned or committed or "-"
+
+
 @app.command()
 def history(pipeline: str, limit: Annotated[int, typer.Option(min=1)] = 20, as_json: JsonFlag = False) -> None:
-    """Recent batches: kind, state, ranges, counts, durations and the Airflow run id."""
+    """Recent batches: kind, state, ranges, counts, each step's seconds and the Airflow run(s)."""
     from microbatch.ledger import queries
     from microbatch.ledger.database import transaction
 
     with transaction(_ledger_url()) as session:
-        pid = queries.pipeline_id(session, pipeline)
-        if pid is None:
-            _fail(MicrobatchError(f"The ledger has no pipeline '{pipeline}'.", fix="Run it first."))
-        batches = queries.batch_history(session, pid, limit)
+        batches = queries.batch_history(session, _pipeline_id(session, pipeline), limit)
     if as_json:
         print(json.dumps([queries.to_dict(b) for b in batches]))
         return
@@ -298,21 +380,36 @@ def history(pipeline: str, limit: Annotated[int, typer.Option(min=1)] = 20, as_j
         seconds = " ".join(f"{k.removesuffix('_s')}={v}" for k, v in b.durations.items())
         table.add_row(str(b.id), b.kind, b.state + (f" ({b.error})" if b.error and b.state != "committed" else ""),
                       str(b.attempt), b.ranges, str(b.records if b.records is not None else "-"),
-                      str(b.dead_letters or 0), str(b.late_records or 0), seconds, b.airflow_run_id or "-")
+                      str(b.dead_letters or 0), str(b.late_records or 0), seconds,
+                      _runs_text(b.airflow_run_id, b.committed_run_id))
     console.print(table)
 
 
 @app.command()
-def find(pipeline: str, topic: str, partition: int, offset: int, as_json: JsonFlag = False) -> None:
+def find(
+    pipeline: str,
+    topic: str,
+    partition: Annotated[int, typer.Argument(min=0)],
+    offset: Annotated[int, typer.Argument(min=0)],
+    as_json: JsonFlag = False,
+) -> None:
     """Which batch and Airflow run processed TOPIC[PARTITION] OFFSET, or which gap recorded it as lost."""
     from microbatch.ledger import queries
+    from microbatch.ledger import repository as repo
     from microbatch.ledger.database import transaction
 
     with transaction(_ledger_url()) as session:
-        pid = queries.pipeline_id(session, pipeline)
-        if pid is None:
-            _fail(MicrobatchError(f"The ledger has no pipeline '{pipeline}'.", fix="Run it first."))
+        pid = _pipeline_id(session, pipeline)
+        positions = repo.read_positions(session, pid)
         owner = queries.find_offset(session, pid, topic, partition, offset)
+    read = sorted({tp.topic for tp in positions})
+    if topic not in read:
+        raise SpecError(f"Pipeline '{pipeline}' has never read a topic '{topic}' (it has read "
+                        f"{', '.join(read) or 'nothing yet'}).", fix="Check the topic name.")
+    known = sorted(tp.partition for tp in positions if tp.topic == topic)
+    if partition not in known:
+        raise SpecError(f"Pipeline '{pipeline}' has never read partition {partition} of {topic} (it has read "
+                        f"partitions {', '.join(map(str, known))}).", fix="Check the partition number.")
     if as_json:
         print(json.dumps(queries.to_dict(owner)))
     elif owner.kind == "batch":
@@ -322,7 +419,8 @@ def find(pipeline: str, topic: str, partition: int, offset: int, as_json: JsonFl
         console.print(f"{topic}[{partition}] offset {offset} was lost: gap [{owner.start}, {owner.end}) "
                       f"recorded by {f'batch {owner.batch_id}' if owner.batch_id else 'an operator'}: {owner.reason}")
     else:
-        console.print(f"{topic}[{partition}] offset {offset} has not been processed yet")
+        position = next(p for tp, p in positions.items() if tp.topic == topic and tp.partition == partition)
+        console.print(f"{topic}[{partition}] offset {offset} has not been processed yet (the position is {position})")
     if owner.kind == "none":
         raise typer.Exit(1)
 
@@ -334,16 +432,11 @@ def verify(pipeline: str, as_json: JsonFlag = False) -> None:
     from microbatch.ledger.database import transaction
     from microbatch.planning import find_holes, find_overlaps
 
-    try:
-        with transaction(_ledger_url()) as session:
-            record = repo.get_pipeline(session, pipeline)
-            if record is None:
-                _fail(MicrobatchError(f"The ledger has no pipeline '{pipeline}'.", fix="Run it first."))
-            ranges = repo.committed_ranges(session, record.id)
-            gaps = repo.committed_gaps(session, record.id)
-            positions = repo.read_positions(session, record.id)
-    except MicrobatchError as exc:
-        _fail(exc)
+    with transaction(_ledger_url()) as session:
+        pid = _pipeline_id(session, pipeline)
+        ranges = repo.committed_ranges(session, pid)
+        gaps = repo.committed_gaps(session, pid)
+        positions = repo.read_positions(session, pid)
     problems = [f"overlap: {a} and {b}" for a, b in find_overlaps(ranges)] + find_holes(ranges, gaps, positions)
     if as_json:
         print(json.dumps({"ok": not problems, "ranges": len(ranges), "gaps": len(gaps), "problems": problems}))
@@ -372,7 +465,9 @@ def counts(limit: Annotated[int, typer.Option(min=1)] = 15) -> None:
             text("SELECT count(DISTINCT window_start), count(*), coalesce(sum(count), 0) FROM ip_counts")
         ).one()
         dead = session.execute(text("SELECT count(*) FROM dead_letters")).scalar_one()
-    table = Table(title=f"ip_counts: {total} requests in {rows} rows over {windows} windows; {dead} dead letters")
+        late = session.execute(text("SELECT count(*) FROM late_records")).scalar_one()
+    table = Table(title=f"ip_counts: {total} requests in {rows} rows over {windows} windows; {dead} dead letters; "
+                        f"{late} late records")
     for column in ("window_start", "window_end", "ip", "count"):
         table.add_column(column)
     for row in top:
@@ -383,10 +478,9 @@ def counts(limit: Annotated[int, typer.Option(min=1)] = 15) -> None:
 def _create_output_topics(pipeline: str) -> None:
     from microbatch.config import find_spec
     from microbatch.devstack import create_topic
-    from microbatch.kafka_offsets import bootstrap_from_env
 
     for sink in find_spec(pipeline).kafka_sinks:
-        create_topic(bootstrap_from_env(), sink.topic, 4)
+        create_topic(_bootstrap(), sink.topic, 4)
 
 
 @app.command()
@@ -394,19 +488,34 @@ def demo(count: int = 10_000) -> None:
     """The whole path on the local stack: services, data, the ip_count DAG, the results."""
     from microbatch import devstack
     from microbatch.ledger.database import migrate as run_migrate
+    from microbatch.runner import run_until_caught_up
 
+    started = time.monotonic()
     localenv.apply()
     env = devstack.up()
     os.environ.update(env)
     run_migrate(env["MICROBATCH_LEDGER_URL"])
     _create_output_topics("ip_count")
+    console.print(f"services ready in {time.monotonic() - started:.1f}s")
     generate(count=count, topic="ip_count_source", partitions=4, ips=20, span_seconds=60, out_of_order=0.1,
              malformed=0.02, seed=int.from_bytes(os.urandom(2), "big"))
-    run("ip_count", max_runs=20)
+    log_file = _run_log_path("demo")
+    console.print(f"running the ip_count DAG until it has caught up; Airflow's task log: {log_file}",
+                  highlight=False)
+    ran = time.monotonic()
+    with _output_to(log_file):
+        outcomes = run_until_caught_up("ip_count", 20)
+    _quiet_clients()
+    _print_runs(outcomes)
+    console.print(f"DAG runs took {time.monotonic() - ran:.1f}s")
+    if not outcomes or outcomes[-1].state != "success":
+        console.print(f"[red]the ip_count run failed[/red]; the cause is in {log_file}", highlight=False)
+        raise typer.Exit(1)
     counts()
     status("ip_count")
     history("ip_count", limit=10)
-    console.print("The services keep running; stop them with `make down`.")
+    console.print(f"demo done in {time.monotonic() - started:.0f}s. The services keep running: try "
+                  "`.venv/bin/microbatch status`, then stop them with `make down`.")
 
 
 @app.command()
@@ -423,13 +532,40 @@ def airflow() -> None:
     _create_output_topics("ip_count")
     console.print(f"Airflow UI on http://127.0.0.1:8080 (AIRFLOW_HOME={os.environ['AIRFLOW_HOME']})")
     airflow_bin = os.path.join(os.path.dirname(sys.executable), "airflow")
+    devstack.record_airflow()  # exec keeps this pid: `make down` stops the standalone and all it starts
     os.execv(airflow_bin, [airflow_bin, "standalone"])
 
 
 def main() -> None:
+    """The console entry point: connections from the environment, else the running local stack; every
+    failure one sentence and exit code 2."""
+    from kafka.errors import KafkaError
+    from sqlalchemy.exc import OperationalError, ProgrammingError
+
+    from microbatch.kafka_offsets import broker_unreachable
+    from microbatch.ledger.database import LEDGER_URL_ENV, unreachable
+
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    _quiet_clients()
     localenv.apply()
-    app()
+    localenv.use_running_stack()
+    try:
+        app()
+    except MicrobatchError as exc:
+        _print_error(exc)
+    except OperationalError as exc:
+        _print_error(unreachable(os.environ.get(LEDGER_URL_ENV, ""), exc))
+    except ProgrammingError as exc:
+        reason = str(exc.orig).strip().splitlines()[0]
+        _print_error(MicrobatchError(f"The ledger database does not have the tables this needs ({reason}).",
+                                     fix="Create or upgrade them with `microbatch migrate`."))
+    except KafkaError:
+        _print_error(broker_unreachable(os.environ.get("MICROBATCH_KAFKA_BOOTSTRAP", "")))
+
+
+def _print_error(exc: MicrobatchError) -> None:
+    console.print(f"[red]error:[/red] {exc}", highlight=False)
+    sys.exit(2)
 
 
 if __name__ == "__main__":

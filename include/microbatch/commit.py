@@ -257,8 +257,9 @@ def _compare_and_set(
     )
 
 
-def commit_batch(session: Session, spec: PipelineSpec, batch_id: int) -> CommitResult:
-    """Commit a staged batch inside the caller's transaction; a committed batch is a no-op."""
+def commit_batch(session: Session, spec: PipelineSpec, batch_id: int, run_id: str | None = None) -> CommitResult:
+    """Commit a staged batch inside the caller's transaction; a committed batch is a no-op. `run_id` is the
+    Airflow run of the committing task, recorded beside the run that planned the batch."""
     started = time.monotonic()
     batch = repo.get_batch(session, batch_id, lock=True)
     result = CommitResult(batch_id=batch_id, attempt=batch.attempt)
@@ -378,6 +379,7 @@ def commit_batch(session: Session, spec: PipelineSpec, batch_id: int) -> CommitR
     batch.state = BatchState.COMMITTED.value
     batch.counts = {**batch.counts, "contributions": True}
     batch.committed_at = session.execute(text("SELECT now()")).scalar_one()
+    batch.committed_run_id = run_id
     for table in [sink.staging_table for sink in spec.aggregate_sinks] + ["stage_dead_letters", "stage_late_records"]:
         session.execute(text(f"DELETE FROM {_quote(table)} WHERE batch_id = :batch_id"), params)
     result.seconds = time.monotonic() - started

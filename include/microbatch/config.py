@@ -7,6 +7,7 @@ connection id, and the connection (or an environment variable) holds the address
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import os
@@ -531,6 +532,22 @@ def pipelines_dir() -> Path:
 def spec_paths(directory: Path | None = None) -> list[Path]:
     """The spec files of a directory, sorted, without reading them."""
     return sorted((directory or pipelines_dir()).glob("*.yaml"))
+
+
+def encode_spec(spec: PipelineSpec) -> str:
+    """The validated spec as one command-line-safe token (base64url of its JSON), for a stage driver that
+    may run where the spec files are not: inside the `--py-files` zip, or on another machine. A spec holds
+    no secrets (connections are ids), so it may be seen in `ps`."""
+    return base64.urlsafe_b64encode(spec.model_dump_json().encode()).decode()
+
+
+def decode_spec(token: str) -> PipelineSpec:
+    """The spec that `encode_spec` packed, validated again."""
+    try:
+        return PipelineSpec.model_validate_json(base64.urlsafe_b64decode(token.encode()))
+    except (ValueError, ValidationError) as exc:
+        raise SpecError(f"The --spec argument is not an encoded pipeline spec ({type(exc).__name__}).",
+                        fix="Let the stage task pass it, or use --pipeline alone to read the spec file.") from None
 
 
 def find_spec(name: str, directory: Path | None = None) -> PipelineSpec:

@@ -59,8 +59,8 @@ def bootstrap_from_env() -> str:
     servers = os.environ.get(BOOTSTRAP_ENV)
     if not servers:
         raise ConnectionSettingsError(
-            f"The Kafka cluster is not configured: {BOOTSTRAP_ENV} is not set.",
-            fix="Set it to HOST:PORT[,HOST:PORT], or create the Airflow connection named in source.connection.",
+            f"No Kafka cluster is configured and no local stack is running: {BOOTSTRAP_ENV} is not set.",
+            fix="Start the local stack with `make demo` (or `make airflow`), or set it to HOST:PORT[,HOST:PORT].",
         )
     return servers
 

@@ -8,14 +8,20 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
+def cache_dir(root: Path = ROOT) -> Path:
+    """`<root>/.cache`, or `$MICROBATCH_CACHE_DIR` when set: jars, the detached stack, Airflow's home."""
+    return Path(os.environ.get("MICROBATCH_CACHE_DIR") or root / ".cache")
+
+
 def local_env(root: Path = ROOT) -> dict[str, str]:
-    cache = Path(os.environ.get("MICROBATCH_CACHE_DIR") or root / ".cache")
+    cache = cache_dir(root)
     venv_bin = str(Path(sys.executable).parent)
     return {
         "AIRFLOW_HOME": str(cache / "airflow"),
@@ -43,3 +49,33 @@ def apply(root: Path = ROOT) -> dict[str, str]:
             os.environ.setdefault(key, value)
     Path(os.environ["AIRFLOW_HOME"]).mkdir(parents=True, exist_ok=True)
     return env
+
+
+def _listening(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+    except OSError:
+        return False
+    return True
+
+
+def running_stack_env(root: Path = ROOT) -> dict[str, str]:
+    """The connections of the local stack that `make demo` or `make airflow` started, if it is running
+    (its state file exists and its Kafka and PostgreSQL ports answer); else {}."""
+    state_file = cache_dir(root) / "devstack" / "state.json"
+    try:
+        state = json.loads(state_file.read_text())
+    except (OSError, ValueError):
+        return {}
+    ports = [state.get("kafka_port"), state.get("postgres_port")]
+    if not all(ports) or not all(_listening(port) for port in ports):
+        return {}
+    return dict(state.get("env") or {})
+
+
+def use_running_stack(root: Path = ROOT) -> dict[str, str]:
+    """Point this process at the running local stack for each connection the user has not set, so the
+    CLI works after `make demo` without `source .cache/devstack/env.sh`; return what was set."""
+    found = {k: v for k, v in running_stack_env(root).items() if not os.environ.get(k)}
+    os.environ.update(found)
+    return found

@@ -49,7 +49,7 @@ def resolve_target(
         elif target == "latest":
             new[tp] = high
         elif target == "offset":
-            new[tp] = int(value)  # type: ignore[arg-type]
+            new[tp] = parse_offset(value)  # type: ignore[arg-type]
         else:
             found = (for_time or {}).get(tp)
             new[tp] = high if found is None else found
@@ -121,6 +121,17 @@ def apply_moves(session: Session, pipeline_id: int, moves: list[ResetMove], targ
                  "operator) VALUES (:p, :t, :n, :old, :new, :target, :operator)"),
             {**params, "target": target, "operator": operator},
         )
+
+
+def parse_offset(value: str) -> int:
+    """`--value` of `reset --to offset`: a whole number, or a SpecError naming it."""
+    try:
+        offset = int(value)
+    except ValueError:
+        offset = -1
+    if offset < 0:
+        raise SpecError(f"reset: --value '{value}' is not an offset.", fix="Give a whole number of 0 or more.")
+    return offset
 
 
 def parse_time(value: str) -> datetime:

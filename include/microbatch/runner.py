@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 import subprocess
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from microbatch import localenv
@@ -21,6 +21,7 @@ class RunOutcome:
     run_id: str
     state: str
     task_states: dict[str, str]
+    task_seconds: dict[str, float] = field(default_factory=dict)
 
     @property
     def caught_up(self) -> bool:
@@ -47,8 +48,13 @@ def run_once(pipeline: str, backfill: dict | None = None) -> RunOutcome:
 
     dag = backfill_dag(pipeline) if backfill is not None else pipeline_dag(pipeline)
     dag_run = dag.test(run_conf=backfill)
-    states = {ti.task_id: str(ti.state) for ti in dag_run.get_task_instances()}
-    return RunOutcome(dag_run.run_id, str(dag_run.state), states)
+    # In the order the tasks ran (plan, stage, commit, publish); tasks that never started last.
+    instances = sorted(dag_run.get_task_instances(), key=lambda ti: (ti.start_date is None, ti.start_date or 0,
+                                                                   ti.task_id))
+    states = {ti.task_id: str(ti.state) for ti in instances}
+    seconds = {ti.task_id: (ti.end_date - ti.start_date).total_seconds() for ti in instances
+               if ti.start_date and ti.end_date}
+    return RunOutcome(dag_run.run_id, str(dag_run.state), states, seconds)
 
 
 def run_until_caught_up(pipeline: str, max_runs: int = 20) -> list[RunOutcome]:

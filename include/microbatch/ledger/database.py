@@ -27,9 +27,9 @@ def ledger_url_from_env() -> str:
     url = os.environ.get(LEDGER_URL_ENV)
     if not url:
         raise ConnectionSettingsError(
-            f"The ledger database is not configured: {LEDGER_URL_ENV} is not set.",
-            fix="Set it to postgresql+psycopg://USER:PASSWORD@HOST:PORT/DB, "
-            "or create the Airflow connection microbatch_ledger.",
+            f"No ledger database is configured and no local stack is running: {LEDGER_URL_ENV} is not set.",
+            fix="Start the local stack with `make demo` (or `make airflow`), or set it to "
+            "postgresql+psycopg://USER:PASSWORD@HOST:PORT/DB.",
         )
     return url
 

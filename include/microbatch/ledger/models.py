@@ -98,6 +98,9 @@ class Batch(Base):
     counts: Mapped[dict[str, Any]] = mapped_column(default=dict)
     timings: Mapped[dict[str, Any]] = mapped_column(default=dict)
     airflow_run_id: Mapped[str | None] = mapped_column(Text)
+    """The Airflow run that planned the batch."""
+    committed_run_id: Mapped[str | None] = mapped_column(Text)
+    """The Airflow run whose commit task committed it (another run's, after a retry in a later run)."""
     error: Mapped[str | None] = mapped_column(Text)
     replaces: Mapped[list[int] | None] = mapped_column(JSONB)
     """Replay batches: the ids of the committed ranges this batch replaces."""

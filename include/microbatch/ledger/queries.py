@@ -42,6 +42,7 @@ class BatchSummary:
     created_at: datetime
     committed_at: datetime | None
     error: str | None
+    committed_run_id: str | None = None
 
 
 @dataclass
@@ -153,6 +154,7 @@ def _batches(session: Session, pipeline: int, limit: int, kind: str | None) -> l
             late_records=(row["counts"] or {}).get("late_records"),
             durations=dict(row["timings"] or {}),
             airflow_run_id=row["airflow_run_id"],
+            committed_run_id=row["committed_run_id"],
             created_at=row["created_at"],
             committed_at=row["committed_at"],
             error=row["error"],
