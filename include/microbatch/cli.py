@@ -101,7 +101,7 @@ def _output_to(path: Path) -> Iterator[None]:
 def _quiet_clients() -> None:
     """Kafka client chatter stays out of the CLI's output (failures reach the user as one sentence); again
     after a DAG run, whose logging setup turns it back on."""
-    logging.getLogger("kafka").setLevel(logging.ERROR)
+    logging.getLogger("kafka").setLevel(logging.CRITICAL)
 
 
 def _run_log_path(name: str) -> Path:
@@ -492,7 +492,11 @@ def demo(count: int = 10_000) -> None:
 
     started = time.monotonic()
     localenv.apply()
-    env = devstack.up()
+    try:
+        env = devstack.up()
+    except RuntimeError as exc:  # a service that would not start says why and where its log is
+        raise MicrobatchError(f"The local stack did not start: {exc}",
+                              fix="Fix the cause in that log, then run `make down` and `make demo` again.") from None
     os.environ.update(env)
     run_migrate(env["MICROBATCH_LEDGER_URL"])
     _create_output_topics("ip_count")

@@ -1,0 +1,98 @@
+"""Every CLI command, fed bad values on real Kafka and Postgres, answers with one sentence naming what to
+change and a non-zero exit; never a traceback. The shipped spec directory is used (no
+MICROBATCH_PIPELINES_DIR), as a user runs the CLI."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from microbatch.devstack import create_topic, free_port
+
+pytestmark = pytest.mark.e2e
+
+# (arguments, what the one sentence must say); the ledger knows ip_count only after the `reset` below.
+BEFORE_ANY_RUN = [
+    (["history", "ip_count"], "The ledger has no pipeline 'ip_count' yet: it has never run. Run it first"),
+    (["status", "ip_count"], "The ledger has no pipeline 'ip_count' yet"),
+    (["verify", "ip_count"], "The ledger has no pipeline 'ip_count' yet"),
+    (["find", "ip_count", "ip_count_source", "0", "5"], "The ledger has no pipeline 'ip_count' yet"),
+]
+AFTER_A_RUN = [
+    (["history", "nosuch"], "There is no pipeline 'nosuch' in"),
+    (["status", "nosuch"], "Known pipelines: ip_count"),
+    (["verify", "nosuch"], "There is no pipeline 'nosuch' in"),
+    (["find", "nosuch", "ip_count_source", "0", "5"], "There is no pipeline 'nosuch' in"),
+    (["run", "nosuch"], "There is no pipeline 'nosuch' in"),
+    (["publish", "nosuch"], "There is no pipeline 'nosuch' in"),
+    (["find", "ip_count", "nosuchtopic", "0", "5"],
+     "has never read a topic 'nosuchtopic' (it has read ip_count_source)"),
+    (["find", "ip_count", "ip_count_source", "9", "5"], "has never read partition 9 of ip_count_source"),
+    (["find", "ip_count", "ip_count_source", "x", "5"], "Invalid value for 'partition'"),
+    (["backfill", "ip_count", "--topic", "ip_count_source", "--start", "0", "--end", "5", "--partitions", "x"],
+     "--partitions 'x' is not \"all\" or a list of partition numbers"),
+    (["backfill", "ip_count", "--topic", "elsewhere", "--start", "0", "--end", "5"],
+     "Backfill parameter 'topic': 'elsewhere' is not a topic"),
+    (["backfill", "ip_count", "--topic", "ip_count_source", "--start", "5", "--end", "2"], "Backfill parameter"),
+    (["backfill", "ip_count", "--topic", "ip_count_source", "--start", "0", "--end", "5", "--mode", "redo"],
+     "Backfill parameter 'mode'"),
+    (["reset", "ip_count", "--to", "offset", "--value", "abc"], "--value 'abc' is not an offset"),
+    (["reset", "ip_count", "--to", "offset"], "reset --to offset needs --value"),
+    (["reset", "ip_count", "--to", "sideways"], "--to 'sideways' is not a target"),
+    (["reset", "ip_count", "--to", "timestamp", "--value", "yesterday"], "'yesterday' is not an ISO-8601 time"),
+    (["reset", "ip_count", "--to", "latest", "--partition", "9", "--yes"], "partition 9 does not exist"),
+    (["abandon", "ip_count", "999", "--yes"], "Batch 999 of ip_count is not open"),
+]
+NO_STACK = [["status"], ["history", "ip_count"], ["find", "ip_count", "ip_count_source", "0", "5"],
+            ["verify", "ip_count"], ["counts"], ["publish", "ip_count"], ["generate", "--count", "5"],
+            ["reset", "ip_count", "--to", "latest", "--yes"], ["abandon", "ip_count", "1", "--yes"],
+            ["backfill", "ip_count", "--topic", "ip_count_source", "--start", "0", "--end", "5", "--dry-run"]]
+
+
+def _cli(env: dict[str, str], args: list[str]) -> subprocess.CompletedProcess[str]:
+    full = {k: v for k, v in os.environ.items() if k != "MICROBATCH_PIPELINES_DIR"}
+    return subprocess.run([sys.executable, "-m", "microbatch.cli", *args], env={**full, **env},
+                          capture_output=True, text=True, timeout=180, check=False)
+
+
+def _assert_one_sentence(result: subprocess.CompletedProcess[str], expected: str) -> None:
+    output = result.stdout + result.stderr
+    assert result.returncode != 0, output
+    assert expected in " ".join(output.split()), output
+    assert "Traceback" not in output, output
+    errors = [line for line in output.splitlines() if "error" in line.lower()]
+    assert len(errors) == 1, output
+
+
+def test_every_command_refuses_bad_values_with_one_sentence(service_env: dict[str, str], kafka) -> None:
+    create_topic(kafka.bootstrap_servers, "ip_count_source", 4)
+    for args, expected in BEFORE_ANY_RUN:
+        _assert_one_sentence(_cli(service_env, args), expected)
+    # Positions for every partition, without a DAG run: the ledger now knows ip_count.
+    moved = _cli(service_env, ["reset", "ip_count", "--to", "earliest", "--yes"])
+    assert moved.returncode == 0, moved.stdout + moved.stderr
+    for args, expected in AFTER_A_RUN:
+        _assert_one_sentence(_cli(service_env, args), expected)
+
+
+def test_unreachable_services_are_one_sentence(service_env: dict[str, str]) -> None:
+    closed = free_port()
+    ledger = service_env["MICROBATCH_LEDGER_URL"].rsplit("@", 1)[0] + f"@127.0.0.1:{closed}/microbatch"
+    _assert_one_sentence(_cli({**service_env, "MICROBATCH_LEDGER_URL": ledger}, ["history", "ip_count"]),
+                         "Cannot use the ledger database at")
+    _assert_one_sentence(_cli({**service_env, "MICROBATCH_KAFKA_BOOTSTRAP": f"127.0.0.1:{closed}"},
+                              ["generate", "--count", "5"]), f"No Kafka broker answered at 127.0.0.1:{closed}")
+
+
+@pytest.mark.parametrize("args", NO_STACK, ids=lambda args: args[0])
+def test_without_a_stack_every_command_says_how_to_start_one(args: list[str], tmp_path: Path) -> None:
+    # No connection variable and no running local stack: an empty cache stands for a fresh clone (the
+    # user's path without this override, after `make down`, is in test_demo_e2e).
+    env = {"MICROBATCH_CACHE_DIR": str(tmp_path), "MICROBATCH_LEDGER_URL": "", "MICROBATCH_KAFKA_BOOTSTRAP": ""}
+    result = _cli(env, args)
+    _assert_one_sentence(result, "no local stack is running")
+    assert "make demo" in result.stdout
