@@ -5,7 +5,8 @@
 - the Spark connector jars, fetched by Maven into the gitignored `.cache/jars`.
 
 `python -m microbatch.devstack up|connect|down|env|jars` manages a detached stack for the demo and the UI;
-`connect` adds a Spark Connect server for pipelines in `spark.mode: connect`.
+`connect` adds a Spark Connect server for pipelines in `spark.mode: connect`; `make airflow` records its
+`airflow standalone` here (`record_airflow`), and `down` stops all of it.
 """
 
 from __future__ import annotations
@@ -661,6 +662,11 @@ def create_topic(bootstrap_servers: str, name: str, partitions: int, replication
 
 # The detached stack of `make demo` / `make airflow`.
 
+# Every process the stack starts inherits this variable (never exported to the user's shell by env.sh), so
+# `down` finds what left the process tree it started, e.g. a spark-submit whose Airflow task was killed.
+STACK_ID_ENV = "MICROBATCH_STACK_ID"
+
+
 def _state_file() -> Path:
     return cache_dir() / "devstack" / "state.json"
 
@@ -686,13 +692,17 @@ def _save_state(state: dict) -> None:
 
 
 _CONNECT_KEYS = ("connect_port", "connect_pid")
+_AIRFLOW_KEYS = ("airflow_pid", "airflow_pgid", "airflow_started", "airflow_home")
 
 
 def up() -> dict[str, str]:
     """Start Kafka and PostgreSQL detached (or reuse them); return the environment that points at them
     (with `MICROBATCH_SPARK_REMOTE` when `connect` started a Spark Connect server)."""
     state = _load_state()
+    stack_id = _mark_stack(state)
     if _healthy(state):
+        if "stack_id" not in state:  # a stack started before stack ids: record one for what starts from now on
+            _save_state({**state, "stack_id": stack_id})
         return state["env"]
     if state.get("kafka_port"):
         _stop_kafka_and_postgres(state)
@@ -707,18 +717,33 @@ def up() -> dict[str, str]:
     if connect and _connect_alive(state):
         env[SPARK_REMOTE_ENV] = state["env"][SPARK_REMOTE_ENV]
     state = {"kafka_port": broker.port, "controller_port": broker.controller_port, "kafka_pid": broker.pid,
-             "postgres_port": postgres.port, "postgres_pid": postgres.pid, **connect, "env": env}
+             "postgres_port": postgres.port, "postgres_pid": postgres.pid, **connect,
+             **{key: state[key] for key in _AIRFLOW_KEYS if key in state}, "stack_id": stack_id, "env": env}
     _save_state(state)
     print(f"local stack up: Kafka {broker.bootstrap_servers}, PostgreSQL 127.0.0.1:{postgres.port}")
     return env
 
 
-def _is_connect_server(pid: int) -> bool:
-    """Whether `pid` is still our Spark Connect server (a recycled pid belongs to something else)."""
+def _mark_stack(state: dict) -> str:
+    """The stack's id (a new one if none is recorded), set in this process's environment so that every
+    service, Airflow component and task started from here carries it."""
+    stack_id = state.get("stack_id") or uuid.uuid4().hex
+    os.environ[STACK_ID_ENV] = stack_id
+    return stack_id
+
+
+def _runs(pid: int, marker: bytes) -> bool:
+    """Whether `pid` is alive and its command line holds `marker` (a recycled pid belongs to something else;
+    a zombie has an empty command line and counts as gone)."""
     try:
-        return b"SparkConnectServer" in Path(f"/proc/{pid}/cmdline").read_bytes()
+        return marker in Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return False
+
+
+def _is_connect_server(pid: int) -> bool:
+    """Whether `pid` is still our Spark Connect server."""
+    return _runs(pid, b"SparkConnectServer")
 
 
 def _connect_alive(state: dict) -> bool:
@@ -735,6 +760,8 @@ def connect() -> str:
         print(f"Spark Connect server already up on {remote} (pid {state['connect_pid']})")
     else:
         _stop_connect(state)
+        state["stack_id"] = _mark_stack(state)
+        _save_state(state)
         port = state.get("connect_port")  # the recorded port keeps the exported remote valid, if it is free
         server = SparkConnectServer(cache_dir() / "devstack" / "connect",
                                     port=port if port and not port_open(port) else None)
@@ -762,27 +789,146 @@ def _stop_connect(state: dict) -> None:
             os.killpg(pid, signal.SIGKILL)
 
 
-def down() -> None:
-    """Stop the detached stack started by `up`, and the Spark Connect server started by `connect`."""
+def record_airflow() -> None:
+    """Record the calling process as the stack's `airflow standalone`: the caller `exec`s it next, which keeps
+    the pid. With its start time (against pid reuse), process group and AIRFLOW_HOME, so that `down` stops it
+    and every process it starts."""
+    import psutil
+
     state = _load_state()
+    me = psutil.Process()
+    _save_state({**state, "stack_id": _mark_stack(state), "airflow_pid": me.pid, "airflow_pgid": os.getpgid(0),
+                 "airflow_started": me.create_time(), "airflow_home": os.environ["AIRFLOW_HOME"]})
+
+
+def down() -> None:
+    """Stop everything the stack started: `airflow standalone` and every process it started, the Spark
+    Connect server, Kafka and PostgreSQL, then any process left that carries the stack's id. Guarantees
+    that no process of the stack runs when it returns (SIGTERM first, SIGKILL after a timeout)."""
+    state = _load_state()
+    stopped = _stop_processes(_airflow_processes(state), timeout=30)
+    if stopped:
+        print(f"airflow standalone stopped ({stopped} processes)")
     if not state:
         return
     _stop_connect(state)
     if state.get("kafka_port"):
         _stop_kafka_and_postgres(state)
-    if "connect_pid" in state:  # the port stays recorded, so the next `connect` reuses the exported remote
-        _save_state({key: value for key, value in state.items() if key != "connect_pid"}
-                    | {"env": {k: v for k, v in state.get("env", {}).items() if k != SPARK_REMOTE_ENV}})
+    # Whatever left the trees above (a spark-submit orphaned by a killed task, a stray backend) goes too.
+    if state.get("stack_id"):
+        _stop_processes(_processes_with_env({STACK_ID_ENV: state["stack_id"]}), timeout=20)
+    # The ports stay recorded, so the next `up`/`connect` reuses the exported addresses.
+    _save_state({key: value for key, value in state.items() if key not in ("connect_pid", *_AIRFLOW_KEYS)}
+                | {"env": {k: v for k, v in state.get("env", {}).items() if k != SPARK_REMOTE_ENV}})
     print("local stack stopped")
+
+
+def _is_airflow(cmdline: list[str]) -> bool:
+    """Whether a command line is an Airflow command: `airflow ...`, `python .../airflow ...`, or a title that
+    an Airflow component set for itself ("airflow scheduler -- ...", "airflow worker -- LocalExecutor")."""
+    words = " ".join(cmdline[:2]).split()
+    if not words:
+        return False
+    if Path(words[0]).name == "airflow":
+        return True
+    return Path(words[0]).name.startswith("python") and len(words) > 1 and Path(words[1]).name == "airflow"
+
+
+def _spared() -> set[int]:
+    """This process and its ancestors: `down` may run from a shell or a task of the stack itself."""
+    import psutil
+
+    me = psutil.Process()
+    return {me.pid, *(parent.pid for parent in me.parents())}
+
+
+def _airflow_processes(state: dict) -> list:
+    """The recorded `airflow standalone` and every Airflow process of the stack, each with all its descendants.
+
+    An Airflow component writes its title over its environment (setproctitle), so one that outlived its
+    parent is recognised by its process group (standalone's, which its components keep) and its title. An
+    Airflow process with the stack's AIRFLOW_HOME in its environment counts too: a standalone that was
+    started before standalones were recorded."""
+    import psutil
+
+    roots: list[psutil.Process] = []
+    started = state.get("airflow_started", 0)
+    with contextlib.suppress(psutil.Error):
+        recorded = psutil.Process(state.get("airflow_pid") or 0)
+        if abs(recorded.create_time() - started) < 1 and _is_airflow(recorded.cmdline()):
+            roots.append(recorded)
+    pgid = state.get("airflow_pgid")
+    home = str(state.get("airflow_home") or cache_dir() / "airflow")
+    for proc in psutil.process_iter():
+        try:
+            if not _is_airflow(proc.cmdline()):
+                continue
+            in_group = bool(pgid) and os.getpgid(proc.pid) == pgid and proc.create_time() >= started - 1
+            if in_group or proc.environ().get("AIRFLOW_HOME") == home:
+                roots.append(proc)
+        except (psutil.Error, ProcessLookupError):  # gone, or another user's
+            continue
+    found: dict[int, psutil.Process] = {}
+    for root in roots:
+        with contextlib.suppress(psutil.Error):
+            found.update({p.pid: p for p in (root, *root.children(recursive=True))})
+    spared = _spared()
+    return [proc for pid, proc in found.items() if pid not in spared]
+
+
+def _processes_with_env(match: dict[str, str]) -> list:
+    """The processes (but this one and its ancestors) whose environment has every `match` item."""
+    import psutil
+
+    spared = _spared()
+    found = []
+    for proc in psutil.process_iter():
+        if proc.pid in spared:
+            continue
+        try:
+            env = proc.environ()
+        except psutil.Error:  # gone, or another user's
+            continue
+        if all(env.get(key) == value for key, value in match.items()):
+            found.append(proc)
+    return found
+
+
+def _stop_processes(procs: list, timeout: float) -> int:
+    """SIGTERM `procs`, then SIGKILL those still running after `timeout` seconds; return how many there were.
+    A zombie counts as stopped: it holds no resource but its pid until its parent reaps it."""
+    import psutil
+
+    def running(proc: psutil.Process) -> bool:
+        try:
+            return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+        except psutil.Error:
+            return False
+
+    procs = [proc for proc in procs if running(proc)]
+    count = len(procs)
+    for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGKILL, 10)):
+        procs = [proc for proc in procs if running(proc)]
+        for proc in procs:
+            with contextlib.suppress(psutil.Error):
+                proc.send_signal(sig)  # psutil refuses a pid that was reused since `proc` was found
+        deadline = time.monotonic() + wait
+        while any(running(proc) for proc in procs) and time.monotonic() < deadline:
+            time.sleep(0.2)
+    left = [proc.pid for proc in procs if running(proc)]
+    if left:
+        log.warning("processes %s did not exit after SIGKILL", left)
+    return count
 
 
 def _stop_kafka_and_postgres(state: dict) -> None:
     pid = state.get("kafka_pid")
-    if pid:
-        try:
+    if pid and _runs(pid, b"kafka.Kafka"):
+        with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGTERM)
-            _wait(lambda: not port_open(state["kafka_port"]), 30, "Kafka shutdown")
-        except (ProcessLookupError, RuntimeError):
+        try:  # the JVM, not only its port: it still writes its log after it stops listening
+            _wait(lambda: not _runs(pid, b"kafka.Kafka"), 30, "Kafka shutdown")
+        except RuntimeError:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
     LocalPostgres(cache_dir() / "devstack" / "postgres", state.get("postgres_port")).stop()
