@@ -340,9 +340,16 @@ class LocalPostgres:
 
     def start(self) -> LocalPostgres:
         self._prepare()
-        options = f"-h 127.0.0.1 -p {self.port} -k {self.work_dir} -c max_connections=200"
-        self._run("pg_ctl", "-D", str(self.data_dir), "-l", str(self.log_file), "-o", options, "-w", "-t", "60",
-                  "start")
+        # TCP on loopback only: no Unix socket, whose path (work dir + .s.PGSQL.PORT) must stay under 107 bytes,
+        # which a checkout in a deep folder exceeds.
+        options = f"-h 127.0.0.1 -p {self.port} -k '' -c max_connections=200"
+        try:
+            self._run("pg_ctl", "-D", str(self.data_dir), "-l", str(self.log_file), "-o", options, "-w", "-t", "60",
+                      "start")
+        except subprocess.CalledProcessError:
+            tail = self.log_file.read_text(errors="replace").strip().splitlines()[-1:] if self.log_file.exists() else []
+            raise RuntimeError(f"PostgreSQL did not start on 127.0.0.1:{self.port} ({' '.join(tail) or 'no log'}); "
+                               f"see {self.log_file}.") from None
         log.info("PostgreSQL up on 127.0.0.1:%s", self.port)
         return self
 
