@@ -534,7 +534,8 @@ def airflow() -> None:
     run_migrate(env["MICROBATCH_LEDGER_URL"])
     devstack.create_topic(env["MICROBATCH_KAFKA_BOOTSTRAP"], "ip_count_source", 4)
     _create_output_topics("ip_count")
-    console.print(f"Airflow UI on http://127.0.0.1:8080 (AIRFLOW_HOME={os.environ['AIRFLOW_HOME']})")
+    port = os.environ.get("AIRFLOW__API__PORT", "8080")
+    console.print(f"Airflow UI on http://127.0.0.1:{port} (AIRFLOW_HOME={os.environ['AIRFLOW_HOME']})")
     airflow_bin = os.path.join(os.path.dirname(sys.executable), "airflow")
     devstack.record_airflow()  # exec keeps this pid: `make down` stops the standalone and all it starts
     os.execv(airflow_bin, [airflow_bin, "standalone"])
