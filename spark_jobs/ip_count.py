@@ -2,8 +2,11 @@
 
 Input lines are nginx access-log lines; only the client IP and the time are used:
     203.0.113.7 - - [22/Nov/2026:23:00:01 +0000] "GET / HTTP/1.1" 200 512 "-" "curl/8"
-A line without both is a dead letter. Output rows are partial counts of this batch, per source
-partition; the commit adds them to `ip_counts`, so a window that spans batches stays exact.
+A line without both is a dead letter, and so is one whose client field is not an IPv4 or IPv6 address
+exactly as Python's `ipaddress.ip_address` reads it (octets 0-255 without leading zeros; IPv6 with `::`,
+an IPv4 suffix and an RFC 4007 `%scope`); tests/integration/test_ip_address_parse.py holds the two to
+it. Output rows are partial counts of this batch, per source partition; the commit adds them to
+`ip_counts`, so a window that spans batches stays exact.
 An event time more than `max_event_time_ahead_seconds` (default one day) ahead of the record's
 Kafka timestamp is a dead letter: one bad clock would otherwise push the watermark past every
 later record. Option `exclude_ips` (a list) leaves those clients out of the counts: changing it and replaying a
@@ -24,10 +27,42 @@ from typing import Any
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
-LINE_PATTERN = r'^([0-9A-Fa-f.:]{3,45}) \S+ \S+ \[([^\]]+)\] "'
-IP_PATTERN = r"^(\d{1,3}\.){3}\d{1,3}$|^[0-9A-Fa-f:]*:[0-9A-Fa-f:.]*$"
+# The client field is the whole first field, so that `is_ip_address` alone decides what an address is.
+LINE_PATTERN = r'^(\S+) \S+ \S+ \[([^\]]+)\] "'
 TIME_FORMAT = "dd/MMM/yyyy:HH:mm:ss Z"
 MICROS = 1_000_000
+REASON_ADDRESS_CHARS = 100
+
+_OCTET = r"(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"  # 0-255 without leading zeros, as ipaddress (3.9.5+)
+_IPV4 = rf"{_OCTET}(?:\.{_OCTET}){{3}}"
+_HEXTET = "[0-9A-Fa-f]{1,4}"
+
+
+def _ipv6_pattern() -> str:
+    """The IPv6 forms `ipaddress.IPv6Address` accepts: eight hextets, or six and an IPv4 suffix, or either with
+    `::` standing for at least one zero hextet; then an optional RFC 4007 scope id (any, without '%')."""
+
+    def hextets(n: int) -> str:
+        return "" if n == 0 else rf"{_HEXTET}(?::{_HEXTET}){{{n - 1}}}"
+
+    forms = [rf"(?:{_HEXTET}:){{7}}{_HEXTET}", rf"(?:{_HEXTET}:){{6}}{_IPV4}"]
+    for before in range(8):  # `before` hextets, `::`, then at most 7 - before (5 - before and an IPv4 suffix)
+        after = 7 - before
+        forms.append(hextets(before) + "::" + (rf"(?:{_HEXTET}(?::{_HEXTET}){{0,{after - 1}}})?" if after else ""))
+        if before <= 5:
+            forms.append(hextets(before) + rf"::(?:{_HEXTET}:){{0,{5 - before}}}{_IPV4}")
+    return r"\A(?:" + "|".join(forms) + r")(?:%[^%]+)?\z"
+
+
+# `\A` and `\z`, not `^` and `$`: Java's `$` also matches before a final line break.
+IPV4_PATTERN = rf"\A{_IPV4}\z"
+IPV6_PATTERN = _ipv6_pattern()
+
+
+def is_ip_address(address: Column) -> Column:
+    """True where `address` is an IPv4 or IPv6 address exactly as `ipaddress.ip_address` reads it; Spark SQL
+    only (no UDF). A colon picks the family, so an IPv4 address is matched by the short pattern alone."""
+    return F.when(address.contains(":"), address.rlike(IPV6_PATTERN)).otherwise(address.rlike(IPV4_PATTERN))
 
 
 def window_seconds(options: Mapping[str, Any]) -> int:
@@ -68,7 +103,11 @@ class IpCount:
         error = (
             F.when(F.col("value").isNull(), F.lit("empty record"))
             .when(ip == "", F.lit("not an access-log line: no client IP and [time] found"))
-            .when(~ip.rlike(IP_PATTERN), F.lit("the client IP is not an IPv4 or IPv6 address"))
+            .when(~is_ip_address(ip), F.concat(
+                F.lit("client address '"),
+                F.when(F.length(ip) <= REASON_ADDRESS_CHARS, ip)
+                .otherwise(F.concat(F.substring(ip, 1, REASON_ADDRESS_CHARS), F.lit("..."))),
+                F.lit("' is not a valid IPv4 or IPv6 address")))
             .when(event_time.isNull(), F.lit("the [time] field is not dd/MMM/yyyy:HH:mm:ss Z"))
         )
         # A clock far ahead would move the watermark past every later record: refuse event times too far
