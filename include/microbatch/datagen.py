@@ -1,11 +1,13 @@
 """Sample nginx access-log lines for `ip_count`, with out-of-order and malformed lines.
 
-`generate_lines` is pure and seeded, so a test can recount the input independently.
+`generate_lines` is seeded and, given a `start`, pure, so a test can recount the input independently.
+Without one its lines start at the wall clock, so a second demo's lines follow the first's.
 `produce_lines` sends them with kafka-python, keyed by IP, with a progress bar.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import random
 from collections import Counter
 from collections.abc import Callable, Iterable
@@ -19,6 +21,18 @@ MALFORMED_SAMPLES = (
     b"\xff\xfe\x00 binary garbage",
     b'999.1.2 - - "GET / HTTP/1.1" 200',
 )
+# Client fields that are not addresses, sent as well-formed lines: only the address makes them dead letters.
+INVALID_ADDRESSES = ("999.1.1.1", "256.0.0.1", "10.0.0.01", "1.2.3", "2001:db8:::1", "12345::1", "::ffff:999.0.2.1")
+
+
+def is_ip_address(text: str) -> bool:
+    """Whether `text` is an IPv4 or IPv6 address to Python's `ipaddress`, the reference the Spark parse is held
+    to; the recount uses it, not the parse, so that it stays independent."""
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        return False
+    return True
 
 
 @dataclass(frozen=True)
@@ -29,7 +43,9 @@ class LogLine:
 
     @property
     def malformed(self) -> bool:
-        return self.ip is None
+        """Whether the pipeline must make this line a dead letter: it has no client address and time, or its
+        client address is not one."""
+        return self.ip is None or self.event_time is None or not is_ip_address(self.ip)
 
 
 def format_line(ip: str, when: datetime) -> bytes:
@@ -47,16 +63,25 @@ def generate_lines(
     start: datetime | None = None,
     seed: int = 7,
 ) -> list[LogLine]:
-    """`count` lines whose event time advances over `span_seconds`, some shuffled back in time."""
+    """`count` lines whose event time advances over `span_seconds` from `start`, some shuffled back in time
+    (never before `start`). `start` defaults to now (UTC, to the second), so a generation started `span_seconds`
+    or more after another lies wholly after it, beyond its watermark. The same `seed` and `start` give the same
+    lines."""
     rng = random.Random(seed)
-    start = start or datetime(2026, 11, 22, 12, 0, 0, tzinfo=UTC)
+    start = datetime.now(UTC).replace(microsecond=0) if start is None else start
     addresses = [f"10.{i // 65536 % 256}.{i // 256 % 256}.{i % 256}" for i in range(1, ips + 1)]
     lines = []
     for i in range(count):
-        if rng.random() < malformed:
-            lines.append(LogLine(rng.choice(MALFORMED_SAMPLES), None, None))
-            continue
         offset = span_seconds * i / max(count, 1)
+        if rng.random() < malformed:
+            pick = rng.randrange(len(MALFORMED_SAMPLES) + len(INVALID_ADDRESSES))
+            if pick < len(MALFORMED_SAMPLES):
+                lines.append(LogLine(MALFORMED_SAMPLES[pick], None, None))
+            else:
+                when = (start + timedelta(seconds=offset)).replace(microsecond=0)
+                ip = INVALID_ADDRESSES[pick - len(MALFORMED_SAMPLES)]
+                lines.append(LogLine(format_line(ip, when), ip, when))
+            continue
         if rng.random() < out_of_order:
             offset = max(0.0, offset - rng.uniform(1, 8))
         when = (start + timedelta(seconds=offset)).replace(microsecond=0)

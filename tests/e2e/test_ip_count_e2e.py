@@ -26,7 +26,8 @@ def pipeline_env(service_env, topic, tmp_path, kafka):
 
 
 def test_ip_count_end_to_end_then_only_new_offsets(pipeline_env, topic, kafka, ledger_url):
-    lines = generate_lines(10_000, ips=40, span_seconds=120, out_of_order=0.15, malformed=0.03, seed=11)
+    lines = generate_lines(10_000, ips=40, span_seconds=120, out_of_order=0.15, malformed=0.03, seed=11,
+                           start=datetime(2026, 11, 22, 12, 0, 0, tzinfo=UTC))
     coords = produce_lines(kafka.bootstrap_servers, topic, lines)
     assert len({p for p, _ in coords}) == 4
 

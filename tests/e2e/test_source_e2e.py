@@ -32,7 +32,8 @@ def test_new_partitions_and_split_reads_count_every_record(service_env, tmp_path
 
     # The pipeline's first plan pins the two partitions at their (empty) latest offsets and reads nothing.
     assert plan_next_batch(find_spec("ip_count", specs), ledger_url, bootstrap).batch_id is None
-    lines = generate_lines(3_000, ips=30, span_seconds=60, malformed=0.02, seed=31)
+    lines = generate_lines(3_000, ips=30, span_seconds=60, malformed=0.02, seed=31,
+                           start=datetime(2026, 11, 22, 12, 0, 0, tzinfo=UTC))
     coords = produce_lines(bootstrap, topic, lines)
 
     admin = KafkaAdminClient(bootstrap_servers=bootstrap)
