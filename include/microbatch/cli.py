@@ -130,14 +130,15 @@ def generate(
     malformed: Annotated[float, typer.Option(min=0.0, max=1.0, help="Share of unparseable lines.")] = 0.02,
     seed: int = 7,
 ) -> None:
-    """Produce sample nginx access-log lines into a topic (created if missing); event times start now."""
-    from microbatch.datagen import generate_lines, produce_lines
+    """Produce sample nginx access-log lines into a topic (created if missing); their event times start now,
+    or after the topic's latest line, so a second generation is never behind the first's watermark."""
+    from microbatch.datagen import generate_lines, next_start, produce_lines
     from microbatch.devstack import create_topic
 
     bootstrap = _bootstrap()
     create_topic(bootstrap, topic, partitions)
     lines = generate_lines(count, ips=ips, span_seconds=span_seconds, out_of_order=out_of_order,
-                           malformed=malformed, seed=seed)
+                           malformed=malformed, seed=seed, start=next_start(bootstrap, topic))
     columns = (TextColumn("producing"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=console, disable=not console.is_terminal) as progress:
         bar = progress.add_task("produce", total=count)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ipaddress
 import random
+import re
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -47,10 +48,54 @@ class LogLine:
         client address is not one."""
         return self.ip is None or self.event_time is None or not is_ip_address(self.ip)
 
+_STAMP = re.compile(rb"\[(\d{2}/\w{3}/\d{4}:\d{2}:\d{2}:\d{2} [+-]\d{4})\]")
+
 
 def format_line(ip: str, when: datetime) -> bytes:
     stamp = when.strftime("%d/%b/%Y:%H:%M:%S +0000")
     return f'{ip} - - [{stamp}] "GET /index.html HTTP/1.1" 200 512 "-" "microbatch-datagen/1.0"'.encode()
+
+
+def event_time_of(value: bytes | None) -> datetime | None:
+    """The event time of a line `format_line` wrote, or None for anything else."""
+    match = _STAMP.search(value or b"")
+    if not match:
+        return None
+    try:
+        return datetime.strptime(match.group(1).decode(), "%d/%b/%Y:%H:%M:%S %z")
+    except ValueError:
+        return None
+
+
+def next_start(bootstrap_servers: str, topic: str, tail: int = 200) -> datetime:
+    """Where a new generation into `topic` starts: now, or just after the latest event time among the last
+    `tail` records of each partition if that is later, so that lines generated right after others are never
+    behind their watermark."""
+    from kafka import KafkaConsumer, TopicPartition
+
+    from microbatch.kafka_security import client_kwargs
+
+    now = datetime.now(UTC).replace(microsecond=0)
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap_servers.split(","), group_id=None,
+                             enable_auto_commit=False, **client_kwargs())
+    try:
+        tps = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or ())]
+        if not tps:
+            return now
+        consumer.assign(tps)
+        ends = consumer.end_offsets(tps)
+        for tp in tps:
+            consumer.seek(tp, max(0, ends[tp] - tail))
+        latest = None
+        while any(consumer.position(tp) < ends[tp] for tp in tps):
+            batches = consumer.poll(timeout_ms=1000)
+            if not batches:
+                break
+            times = [event_time_of(r.value) for records in batches.values() for r in records]
+            latest = max([t for t in times if t is not None] + ([latest] if latest else []), default=None)
+    finally:
+        consumer.close()
+    return max(now, latest + timedelta(seconds=1)) if latest else now
 
 
 def generate_lines(

@@ -71,3 +71,15 @@ def test_invalid_client_addresses_are_malformed_by_ipaddress():
     assert not LogLine(format_line("2001:db8::1", T0), "2001:db8::1", T0).malformed
     assert LogLine(format_line("999.1.1.1", T0), "999.1.1.1", T0).malformed
     assert sum(expected_counts(lines).values()) == sum(1 for line in lines if not line.malformed)
+
+
+def test_event_time_of_reads_back_what_format_line_wrote() -> None:
+    from datetime import UTC, datetime
+
+    from microbatch.datagen import event_time_of, format_line
+
+    when = datetime(2026, 11, 25, 7, 1, 2, tzinfo=UTC)
+    assert event_time_of(format_line("10.0.0.1", when)) == when
+    assert event_time_of(b"not a log line") is None
+    assert event_time_of(None) is None
+    assert event_time_of(b'1.2.3.4 - - [99/Foo/2026:00:00:00 +0000] "GET /"') is None

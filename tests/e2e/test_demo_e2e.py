@@ -1,0 +1,149 @@
+"""The README's path, exactly as a new user runs it: `make demo` in a fresh copy of the repository (a
+fresh `.cache`, the shipped `include/pipelines`, no MICROBATCH_* or AIRFLOW_* variable set), the CLI
+right after it with no `source env.sh`, a second `make demo` that counts its new lines, and
+`make down`. The printed results are checked against an independent recount of the topic.
+
+Only the venv is shared with this checkout (`make -o` keeps make from reinstalling it); jars, the
+Maven repository, Kafka, PostgreSQL and Airflow's home are the copy's own.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+import re
+import shutil
+import subprocess
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+from kafka import KafkaConsumer, TopicPartition
+
+from microbatch.devstack import port_open
+
+pytestmark = pytest.mark.e2e
+ROOT = Path(__file__).resolve().parents[2]
+VENV = ROOT / ".venv"
+SUMMARY = re.compile(r"ip_counts: (\d+) requests in (\d+) rows over (\d+) windows; (\d+) dead letters; "
+                     r"(\d+) late records")
+# The oracle's own reading of an nginx access-log line (not the Spark job's parser).
+LINE = re.compile(r'^(\S+) \S+ \S+ \[(\d{2}/\w{3}/\d{4}:\d{2}:\d{2}:\d{2} [+-]\d{4})\] "[^"]*" \d{3} \d+')
+
+
+def _well_formed(value: bytes) -> bool:
+    match = LINE.match(value.decode("utf-8", errors="replace"))
+    if not match:
+        return False
+    try:
+        ipaddress.ip_address(match.group(1))
+        datetime.strptime(match.group(2), "%d/%b/%Y:%H:%M:%S %z")
+    except ValueError:
+        return False
+    return True
+
+
+def _user_env(copy: Path) -> dict[str, str]:
+    """The environment of a user's shell: none of the overrides this suite sets."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("MICROBATCH_", "AIRFLOW", "PYSPARK_", "SPARK_")) and k != "PYTHONPATH"}
+    return {**env, "PATH": f"{VENV / 'bin'}{os.pathsep}{env.get('PATH', '')}"}
+
+
+def _fresh_copy(target: Path) -> Path:
+    """The tracked files of this checkout, as `git clone` would give them (mtimes kept)."""
+    files = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True).stdout
+    for name in filter(None, files.decode().split("\0")):
+        source = ROOT / name
+        if source.is_file():
+            (target / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, target / name)
+    return target
+
+
+def _make(copy: Path, *targets: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["make", "-C", str(copy), "-o", str(VENV / ".installed"), f"VENV={VENV}", *targets],
+                          env=_user_env(copy), capture_output=True, text=True, timeout=900, check=False)
+
+
+def _cli(copy: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """`.venv/bin/microbatch ARGS` in the copy (PYTHONPATH points at the copy's code, as make does)."""
+    env = {**_user_env(copy), "PYTHONPATH": f"{copy / 'include'}{os.pathsep}{copy}"}
+    return subprocess.run([str(VENV / "bin" / "python"), "-m", "microbatch.cli", *args], cwd=copy, env=env,
+                          capture_output=True, text=True, timeout=300, check=False)
+
+
+def _source_records(bootstrap: str) -> list[bytes]:
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, isolation_level="read_committed", group_id=None,
+                             enable_auto_commit=False)
+    try:
+        tps = [TopicPartition("ip_count_source", p) for p in sorted(consumer.partitions_for_topic("ip_count_source"))]
+        consumer.assign(tps)
+        consumer.seek_to_beginning()
+        ends = consumer.end_offsets(tps)
+        values = []
+        while any(consumer.position(tp) < ends[tp] for tp in tps):
+            for records in consumer.poll(timeout_ms=1000).values():
+                values += [record.value for record in records]
+        return values
+    finally:
+        consumer.close()
+
+
+def _summary(output: str) -> tuple[int, int, int]:
+    match = SUMMARY.search(output)
+    assert match, f"no ip_counts summary in the demo's output:\n{output[-3000:]}"
+    total, _, _, dead, late = (int(g) for g in match.groups())
+    return total, dead, late
+
+
+def test_make_demo_on_a_fresh_copy_prints_exact_results_and_runs_again(tmp_path: Path) -> None:
+    copy = _fresh_copy(tmp_path / "microbatch")
+    assert not (copy / ".cache").exists()
+    state: dict = {}
+    try:
+        first = _make(copy, "demo")
+        output = first.stdout + first.stderr
+        assert first.returncode == 0, output[-4000:]
+        assert "There is no pipeline" not in output
+        # The summary, not Airflow's structured log: that went to the file whose path is printed.
+        log_path = Path(re.search(r"Airflow's task log: (\S+)", output).group(1))
+        assert log_path.is_relative_to(copy / ".cache") and "stage" in log_path.read_text()
+        assert "[info     ]" not in output and len(output.splitlines()) < 120, output[-3000:]
+
+        state = json.loads((copy / ".cache" / "devstack" / "state.json").read_text())
+        values = _source_records(state["env"]["MICROBATCH_KAFKA_BOOTSTRAP"])
+        good = sum(1 for v in values if _well_formed(v))
+        total, dead, late = _summary(output)
+        assert len(values) == 10_000
+        assert (total + late, dead) == (good, len(values) - good)
+
+        # Right after the demo, with nothing sourced: the CLI finds the running stack.
+        status = _cli(copy, "status", "ip_count", "--json")
+        assert status.returncode == 0, status.stdout + status.stderr
+        rows = json.loads(status.stdout)["ip_count"]
+        assert sum(r["position"] for r in rows) == 10_000 and all(r["lag"] == 0 for r in rows)
+        assert _cli(copy, "verify", "ip_count").returncode == 0
+        history = _cli(copy, "history", "ip_count")
+        assert history.returncode == 0 and "committed" in history.stdout
+        assert max(len(line) for line in history.stdout.splitlines()) > 80, "piped tables are not cut to 80 columns"
+
+        # A second demo counts its new lines: its event times follow the clock, so none of them is late.
+        second = _make(copy, "demo")
+        output2 = second.stdout + second.stderr
+        assert second.returncode == 0, output2[-4000:]
+        values = _source_records(state["env"]["MICROBATCH_KAFKA_BOOTSTRAP"])
+        good2 = sum(1 for v in values if _well_formed(v))
+        total2, dead2, late2 = _summary(output2)
+        assert len(values) == 20_000
+        assert (total2 + late2, dead2) == (good2, len(values) - good2)
+        assert late2 == late, f"the second demo's lines were late: {late2 - late}"
+    finally:
+        down = _make(copy, "down")
+    assert down.returncode == 0, down.stdout + down.stderr
+    assert state, "the demo never wrote the stack's state"
+    assert not port_open(state["kafka_port"]) and not port_open(state["postgres_port"])
+    gone = _cli(copy, "status")
+    assert gone.returncode == 2
+    assert gone.stdout.strip().startswith("error: ") and "make demo" in gone.stdout and "Traceback" not in gone.stdout
