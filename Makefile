@@ -19,7 +19,7 @@ $(STAMP): requirements.txt pyproject.toml
 venv: $(STAMP)
 
 jars: $(STAMP)
-	$(PY) -m microbatch.devstack jars
+	$(PY) -m microbatch.dev.stack jars
 
 demo: jars
 	$(PY) -m microbatch.cli demo
@@ -44,10 +44,10 @@ airflow: jars
 # A detached Spark Connect server for pipelines in `spark.mode: connect` (reused while it lives; `make down`
 # stops it); prints the `export MICROBATCH_SPARK_REMOTE=...` line.
 connect: jars
-	$(PY) -m microbatch.devstack connect
+	$(PY) -m microbatch.dev.stack connect
 
 down: $(STAMP)
-	$(PY) -m microbatch.devstack down
+	$(PY) -m microbatch.dev.stack down
 
 bench: jars
 	$(PY) bench/throughput.py

@@ -84,9 +84,9 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     results: dict = {"machine": machine(), "args": vars(args)}
 
-    from microbatch import localenv
-    from microbatch.datagen import generate_lines, produce_lines
-    from microbatch.devstack import AirflowStandalone, create_topic
+    from microbatch.dev import localenv
+    from microbatch.dev.datagen import generate_lines, produce_lines
+    from microbatch.dev.stack import AirflowStandalone, create_topic
     from microbatch.ledger.database import transaction
 
     with local_stack("mb-overhead-") as stack:

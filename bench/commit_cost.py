@@ -43,7 +43,7 @@ def stage_batch_sql(url: str, spec, batch_index: int, records: int, partitions: 
     """Plan + stage one batch without Kafka or Spark: ranges, staged rows, staged dead letters."""
     from microbatch.ledger import repository as repo
     from microbatch.ledger.database import transaction
-    from microbatch.planning import OffsetRange, Plan, TopicPartition
+    from microbatch.types import OffsetRange, Plan, TopicPartition
 
     per_partition = -(-records // partitions)
     with transaction(url) as session:
@@ -79,8 +79,8 @@ def stage_batch_sql(url: str, spec, batch_index: int, records: int, partitions: 
 
 
 def commit_once(url: str, spec, batch_id: int) -> float:
-    from microbatch.commit import commit_batch
     from microbatch.ledger.database import transaction
+    from microbatch.phases.commit import commit_batch
 
     t0 = time.monotonic()
     with transaction(url) as session:
@@ -126,7 +126,7 @@ def main(argv: list[str]) -> int:
     import shutil
     import tempfile
 
-    from microbatch.devstack import LocalPostgres
+    from microbatch.dev.stack import LocalPostgres
 
     work = Path(tempfile.mkdtemp(prefix="mb-bench-commit-"))
     work.chmod(0o755)

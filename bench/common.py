@@ -59,7 +59,7 @@ class Stack:
 
 @contextmanager
 def local_stack(prefix: str = "mb-bench-"):
-    from microbatch.devstack import DATABASE, KafkaBroker, LocalPostgres
+    from microbatch.dev.stack import DATABASE, KafkaBroker, LocalPostgres
 
     work = Path(tempfile.mkdtemp(prefix=prefix))
     os.chmod(work, 0o755)  # the embedded PostgreSQL may run as its own system user
@@ -98,7 +98,7 @@ def payload_file(path: Path, ips: int = 10_000, seed: int = 7) -> Path:
     keeping every line inside one window means no record is ever late, whatever the batch split,
     and every batch produces at most `ips` output rows.
     """
-    from microbatch.datagen import format_line
+    from microbatch.dev.datagen import format_line
 
     rng = random.Random(seed)
     start = datetime(2026, 11, 22, 12, 0, 0, tzinfo=UTC)
@@ -111,7 +111,7 @@ def payload_file(path: Path, ips: int = 10_000, seed: int = 7) -> Path:
 
 
 def kafka_tool(main: str, *args: str, timeout: float = 3600) -> subprocess.CompletedProcess[str]:
-    from microbatch.devstack import ensure_jars
+    from microbatch.runtime import ensure_jars
 
     command = ["java", "-Xmx1g", "-cp", str(ensure_jars("kafka") / "*"), main, *args]
     return subprocess.run(command, capture_output=True, text=True, timeout=timeout, check=True)
@@ -132,7 +132,7 @@ def produce(bootstrap: str, topic: str, records: int, payload: Path) -> dict:
 
 
 def end_offsets(bootstrap: str, topic: str) -> dict[int, int]:
-    from microbatch.kafka_offsets import discover_partitions, offset_bounds, offsets_client
+    from microbatch.kafka.offsets import discover_partitions, offset_bounds, offsets_client
 
     with offsets_client(bootstrap) as consumer:
         _, latest = offset_bounds(consumer, discover_partitions(consumer, [topic]))
@@ -141,7 +141,7 @@ def end_offsets(bootstrap: str, topic: str) -> dict[int, int]:
 
 def filled_topic(stack: Stack, topic: str, records: int, partitions: int) -> tuple[dict, dict[int, int], Path]:
     """A new topic holding `records` payload lines: (production figures, end offsets, a ranges file over all of it)."""
-    from microbatch.devstack import create_topic
+    from microbatch.dev.stack import create_topic
 
     create_topic(stack.bootstrap, topic, partitions)
     produced = produce(stack.bootstrap, topic, records, payload_file(stack.work_dir / "payload.txt"))
@@ -260,7 +260,7 @@ def spark_submit(app: Path, args: list[str], env: dict[str, str], conf: dict[str
     """spark-submit like the stage task does (same jars, UTC session, no console progress)."""
     import pyspark
 
-    from microbatch.devstack import spark_jars
+    from microbatch.runtime import spark_jars
 
     spark_home = Path(pyspark.__file__).parent
     settings = {

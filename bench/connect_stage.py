@@ -15,9 +15,9 @@ import time
 STARTED = time.monotonic()
 
 from microbatch.config import find_spec  # noqa: E402
-from microbatch.kafka_offsets import bootstrap_from_env  # noqa: E402
+from microbatch.kafka.offsets import bootstrap_from_env  # noqa: E402
 from microbatch.ledger.database import ledger_url_from_env  # noqa: E402
-from microbatch.staging import connect_session, stage_batches  # noqa: E402
+from microbatch.phases.stage import connect_session, stage_batches  # noqa: E402
 
 
 def main(argv: list[str]) -> int:

@@ -42,7 +42,7 @@ TOPIC = "bench_latency"
 
 
 def produce_batch(bootstrap: str, records: int, index: int) -> None:
-    from microbatch.datagen import generate_lines, produce_lines
+    from microbatch.dev.datagen import generate_lines, produce_lines
 
     start = datetime(2026, 11, 22, 12, 0, tzinfo=UTC) + timedelta(minutes=2 * index)
     produce_lines(bootstrap, TOPIC, generate_lines(records, malformed=0, out_of_order=0, start=start, seed=index))
@@ -77,7 +77,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--connect", action="store_true", help="also measure the Spark Connect mode")
     args = parser.parse_args(argv)
     from microbatch.config import find_spec
-    from microbatch.devstack import SparkConnectServer, create_topic
+    from microbatch.dev.stack import SparkConnectServer, create_topic
 
     results: dict = {"machine": machine(), "args": vars(args)}
     index = 0

@@ -14,7 +14,7 @@ import time
 STARTED = time.monotonic()
 
 from microbatch.config import find_spec  # noqa: E402
-from microbatch.kafka_offsets import bootstrap_from_env  # noqa: E402
+from microbatch.kafka.offsets import bootstrap_from_env  # noqa: E402
 from microbatch.ledger.database import ledger_url_from_env, transaction  # noqa: E402
 
 
@@ -24,14 +24,14 @@ def main(argv: list[str]) -> int:
     spec = find_spec(pipeline)
     url = ledger_url_from_env()
     if what == "plan":
-        from microbatch.planner import plan_next_batch
+        from microbatch.phases.plan import plan_next_batch
 
         t0 = time.monotonic()
         outcome = plan_next_batch(spec, url, bootstrap_from_env())
         out = {"batch_id": outcome.batch_id, "records": outcome.records, "ranges": len(outcome.ranges),
                "seconds": round(time.monotonic() - t0, 4)}
     elif what == "commit":
-        from microbatch.commit import commit_batch
+        from microbatch.phases.commit import commit_batch
 
         t0 = time.monotonic()
         with transaction(url) as session:

@@ -26,12 +26,12 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--partitions-per-topic", type=int, default=250)
     parser.add_argument("--reps", type=int, default=5)
     args = parser.parse_args(argv)
-    from microbatch.commit import commit_batch
     from microbatch.config import find_spec
-    from microbatch.devstack import create_topic
-    from microbatch.kafka_offsets import discover_partitions, offset_bounds, offsets_client
+    from microbatch.dev.stack import create_topic
+    from microbatch.kafka.offsets import discover_partitions, offset_bounds, offsets_client
     from microbatch.ledger.database import transaction
-    from microbatch.planner import plan_next_batch
+    from microbatch.phases.commit import commit_batch
+    from microbatch.phases.plan import plan_next_batch
     from microbatch.planning import plan_batch
 
     topics = [f"bench_plan_{i}" for i in range(args.topics)]

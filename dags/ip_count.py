@@ -3,7 +3,7 @@
 One file per pipeline, so a bad spec is an import error of its own DAG only.
 """
 
-from microbatch.airflow_dags import backfill_dag, pipeline_dag
+from microbatch.airflow.dags import backfill_dag, pipeline_dag
 
 dag = pipeline_dag("ip_count")
 backfill = backfill_dag("ip_count")

@@ -11,7 +11,7 @@ from airflow.api_fastapi.auth.managers.models.resource_details import DagAccessE
 from airflow.api_fastapi.core_api.security import requires_access_dag
 from airflow.plugins_manager import AirflowPlugin
 
-from microbatch.airflow_dags import kafka_bootstrap, ledger_url
+from microbatch.airflow.dags import kafka_bootstrap, ledger_url
 from microbatch.ui import PAGE_PATH, LedgerSources, create_app
 
 URL_PREFIX = "/microbatch"

@@ -20,9 +20,9 @@ from sqlalchemy.exc import OperationalError
 
 from microbatch.config import decode_spec, find_spec
 from microbatch.errors import MicrobatchError, SpecError, StageFailedError
-from microbatch.kafka_offsets import bootstrap_from_env
+from microbatch.kafka.offsets import bootstrap_from_env
 from microbatch.ledger.database import ledger_url_from_env, unreachable
-from microbatch.staging import stage_batches
+from microbatch.phases.stage import stage_batches
 
 log = logging.getLogger("microbatch.stage")
 

@@ -22,7 +22,7 @@ from pyspark.sql import SparkSession  # noqa: E402
 from pyspark.sql import functions as F  # noqa: E402
 from sqlalchemy import make_url  # noqa: E402
 
-from microbatch.staging import jdbc_options  # noqa: E402
+from microbatch.phases.stage import jdbc_options  # noqa: E402
 from spark_jobs.ip_count import transform  # noqa: E402
 
 OPTIONS = {"window_seconds": 5, "allowed_lateness_seconds": 5}

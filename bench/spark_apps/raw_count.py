@@ -15,8 +15,8 @@ STARTED = time.time()
 
 from pyspark.sql import SparkSession  # noqa: E402
 
-from microbatch.planning import OffsetRange  # noqa: E402
-from microbatch.staging import kafka_read_options  # noqa: E402
+from microbatch.phases.stage import kafka_read_options  # noqa: E402
+from microbatch.types import OffsetRange  # noqa: E402
 
 
 def main(argv: list[str]) -> int:

@@ -16,8 +16,8 @@ from pathlib import Path
 from pyspark.sql import Observation, SparkSession
 from pyspark.sql import functions as F
 
-from microbatch.planning import OffsetRange
-from microbatch.staging import jdbc_options, kafka_read_options
+from microbatch.phases.stage import jdbc_options, kafka_read_options
+from microbatch.types import OffsetRange
 from spark_jobs.ip_count import transform
 
 

@@ -17,7 +17,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 from sqlalchemy import make_url
 
-from microbatch.staging import jdbc_options
+from microbatch.phases.stage import jdbc_options
 
 COLUMNS = ("batch_id", "attempt", "window_start", "window_end", "ip", "count", "topic", "partition")
 

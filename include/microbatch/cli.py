@@ -23,8 +23,9 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from microbatch import localenv
+from microbatch.dev import localenv
 from microbatch.errors import MicrobatchError, SpecError
+from microbatch.runtime import cache_dir
 
 app = typer.Typer(help="Exactly-once Kafka micro-batches: ledger, data and local stack.", no_args_is_help=True,
                   pretty_exceptions_enable=False)
@@ -40,7 +41,7 @@ def _ledger_url() -> str:
 
 
 def _bootstrap() -> str:
-    from microbatch.kafka_offsets import bootstrap_from_env
+    from microbatch.kafka.offsets import bootstrap_from_env
 
     return bootstrap_from_env()
 
@@ -105,7 +106,7 @@ def _quiet_clients() -> None:
 
 
 def _run_log_path(name: str) -> Path:
-    return localenv.cache_dir() / "logs" / f"{name}-{datetime.now(UTC):%Y%m%dT%H%M%S}.log"
+    return cache_dir() / "logs" / f"{name}-{datetime.now(UTC):%Y%m%dT%H%M%S}.log"
 
 
 @app.command()
@@ -132,8 +133,8 @@ def generate(
 ) -> None:
     """Produce sample nginx access-log lines into a topic (created if missing); their event times start now,
     or after the topic's latest line, so a second generation is never behind the first's watermark."""
-    from microbatch.datagen import generate_lines, next_start, produce_lines
-    from microbatch.devstack import create_topic
+    from microbatch.dev.datagen import generate_lines, next_start, produce_lines
+    from microbatch.dev.stack import create_topic
 
     bootstrap = _bootstrap()
     create_topic(bootstrap, topic, partitions)
@@ -193,9 +194,9 @@ def backfill(
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the plan; write nothing.")] = False,
 ) -> None:
     """Run the pipeline's backfill DAG (the same as triggering <pipeline>__backfill in the UI)."""
-    from microbatch.backfill import parse_params, plan_backfill
     from microbatch.config import find_spec
-    from microbatch.reporting import log_backfill_plan
+    from microbatch.phases.backfill import parse_params, plan_backfill
+    from microbatch.phases.reporting import log_backfill_plan
     from microbatch.runner import run_once
 
     params = {"topic": topic, "start": start, "end": end, "mode": mode, "dry_run": dry_run,
@@ -254,10 +255,10 @@ def reset(
     from kafka import TopicPartition as KafkaTopicPartition
 
     from microbatch.config import find_spec
-    from microbatch.kafka_offsets import discover_partitions, offset_bounds, offsets_client, source_partitions
+    from microbatch.kafka.offsets import discover_partitions, offset_bounds, offsets_client, source_partitions
     from microbatch.ledger import repository as repo
     from microbatch.ledger.database import transaction
-    from microbatch.reset import apply_moves, parse_offset, parse_time, plan_moves, resolve_target
+    from microbatch.phases.reset import apply_moves, parse_offset, parse_time, plan_moves, resolve_target
 
     if to not in ("earliest", "latest", "offset", "timestamp"):
         raise SpecError(f"reset: --to '{to}' is not a target.", fix="Use earliest, latest, offset or timestamp.")
@@ -303,7 +304,7 @@ def reset(
 def publish(pipeline: str) -> None:
     """Publish the pipeline's pending outbox rows to its Kafka sinks (what the publish task does)."""
     from microbatch.config import find_spec
-    from microbatch.publisher import publish_sink
+    from microbatch.phases.publish import publish_sink
 
     spec = find_spec(pipeline)
     for sink in spec.kafka_sinks:
@@ -315,7 +316,7 @@ def publish(pipeline: str) -> None:
 def _latest_offsets(name: str) -> dict:
     """Latest offsets of the pipeline's partitions, or {} with a warning when Kafka is unreachable."""
     from microbatch.config import find_spec
-    from microbatch.kafka_offsets import offset_bounds, offsets_client, source_partitions
+    from microbatch.kafka.offsets import offset_bounds, offsets_client, source_partitions
 
     try:
         spec = find_spec(name)
@@ -478,7 +479,7 @@ def counts(limit: Annotated[int, typer.Option(min=1)] = 15) -> None:
 
 def _create_output_topics(pipeline: str) -> None:
     from microbatch.config import find_spec
-    from microbatch.devstack import create_topic
+    from microbatch.dev.stack import create_topic
 
     for sink in find_spec(pipeline).kafka_sinks:
         create_topic(_bootstrap(), sink.topic, 4)
@@ -487,7 +488,7 @@ def _create_output_topics(pipeline: str) -> None:
 @app.command()
 def demo(count: int = 10_000) -> None:
     """The whole path on the local stack: services, data, the ip_count DAG, the results."""
-    from microbatch import devstack
+    from microbatch.dev import stack as devstack
     from microbatch.ledger.database import migrate as run_migrate
     from microbatch.runner import run_until_caught_up
 
@@ -526,7 +527,7 @@ def demo(count: int = 10_000) -> None:
 @app.command()
 def airflow() -> None:
     """Start the local services and `airflow standalone` with this project's dags/ and plugins/."""
-    from microbatch import devstack
+    from microbatch.dev import stack as devstack
     from microbatch.ledger.database import migrate as run_migrate
 
     localenv.apply()
@@ -548,7 +549,7 @@ def main() -> None:
     from kafka.errors import KafkaError
     from sqlalchemy.exc import OperationalError, ProgrammingError
 
-    from microbatch.kafka_offsets import broker_unreachable
+    from microbatch.kafka.offsets import broker_unreachable
     from microbatch.ledger.database import LEDGER_URL_ENV, unreachable
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")

@@ -14,91 +14,7 @@ from itertools import pairwise
 
 from microbatch.config import OffsetReset, OnDataLoss, SourceSpec, Startup
 from microbatch.errors import DataLossError, SpecError
-
-
-@dataclass(frozen=True, order=True)
-class TopicPartition:
-    topic: str
-    partition: int
-
-    def __str__(self) -> str:
-        return f"{self.topic}[{self.partition}]"
-
-
-@dataclass(frozen=True, order=True)
-class OffsetRange:
-    """The half-open offset range [start, end) of one partition."""
-
-    topic: str
-    partition: int
-    start: int
-    end: int
-
-    @property
-    def tp(self) -> TopicPartition:
-        return TopicPartition(self.topic, self.partition)
-
-    @property
-    def size(self) -> int:
-        return self.end - self.start
-
-    def __str__(self) -> str:
-        return f"{self.topic}[{self.partition}] [{self.start}, {self.end})"
-
-
-@dataclass(frozen=True)
-class Gap:
-    """Offsets lost before they were read (retention), recorded under `on_data_loss: skip`."""
-
-    topic: str
-    partition: int
-    start: int
-    end: int
-    reason: str
-
-
-@dataclass(frozen=True)
-class StartupOffsets:
-    """What the broker answered for the startup modes of new partitions (read only when needed).
-
-    `committed`: the takeover group's committed offset per partition (None: it has none).
-    `for_time`: the first offset at or after `startup.timestamp` (None: no such record).
-    """
-
-    committed: Mapping[TopicPartition, int | None] = field(default_factory=dict)
-    for_time: Mapping[TopicPartition, int | None] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class Plan:
-    """What one batch will read, and what planning noticed on the way."""
-
-    ranges: tuple[OffsetRange, ...]
-    new_partitions: tuple[TopicPartition, ...] = ()
-    gaps: tuple[Gap, ...] = ()
-    backlog: Mapping[TopicPartition, int] = field(default_factory=dict)
-    """Offsets between each partition's start and the latest (stable) offset, before this batch."""
-    starts: Mapping[TopicPartition, int] = field(default_factory=dict)
-    """Where each discovered partition starts (its ledger position, or its resolved startup offset)."""
-    startup: Mapping[TopicPartition, str] = field(default_factory=dict)
-    """How each new partition's start was chosen, for the log."""
-    disappeared_topics: tuple[str, ...] = ()
-    """Topics the ledger has positions for that the broker no longer lists; their rows are kept."""
-    deferred: str | None = None
-    """Why no batch runs although records are waiting (`min_records_per_batch`), else None."""
-
-    @property
-    def records(self) -> int:
-        return sum(r.size for r in self.ranges)
-
-    @property
-    def lag_after(self) -> int:
-        return sum(self.backlog.values()) - self.records
-
-    def lag_after_by_partition(self) -> dict[TopicPartition, int]:
-        """Offsets each partition still has to read after this batch."""
-        read = {r.tp: r.size for r in self.ranges}
-        return {tp: lag - read.get(tp, 0) for tp, lag in sorted(self.backlog.items())}
+from microbatch.types import CommittedRange, Gap, OffsetRange, Plan, StartupOffsets, TopicPartition
 
 
 def needs_group_offsets(source: SourceSpec, new_partitions: Iterable[TopicPartition]) -> bool:
@@ -411,3 +327,111 @@ def find_holes(ranges: list[OffsetRange], gaps: list[Gap], positions: Mapping[To
         if position is not None and position != cursor:
             problems.append(f"{tp}: the position is {position} but the committed ranges end at {cursor}")
     return problems
+
+
+# Backfill sub-ranges: what a fill processes and what a replay replaces.
+
+def subtract(request: OffsetRange, covered: list[OffsetRange]) -> list[OffsetRange]:
+    """The parts of `request` that no range in `covered` (same partition) contains."""
+    holes = []
+    cursor = request.start
+    for r in sorted(c for c in covered if c.tp == request.tp and c.end > request.start and c.start < request.end):
+        if r.start > cursor:
+            holes.append(OffsetRange(request.topic, request.partition, cursor, r.start))
+        cursor = max(cursor, r.end)
+    if cursor < request.end:
+        holes.append(OffsetRange(request.topic, request.partition, cursor, request.end))
+    return holes
+
+
+@dataclass
+class FillPlan:
+    """What a `fill` backfill will do, before anything runs."""
+
+    todo: list[OffsetRange] = field(default_factory=list)
+    already_committed: list[OffsetRange] = field(default_factory=list)
+    ahead_of_position: list[OffsetRange] = field(default_factory=list)
+
+    @property
+    def records(self) -> int:
+        return sum(r.size for r in self.todo)
+
+
+def plan_fill(
+    requests: list[OffsetRange], committed: list[OffsetRange], positions: Mapping[TopicPartition, int]
+) -> FillPlan:
+    """Split each requested range into: never-committed holes below the scheduled position (to do),
+    already-committed parts (reported and skipped), and parts at or after the position (left to
+    the scheduled runs)."""
+    plan = FillPlan()
+    for request in requests:
+        for r in committed:
+            if r.tp == request.tp and r.end > request.start and r.start < request.end:
+                plan.already_committed.append(
+                    OffsetRange(r.topic, r.partition, max(r.start, request.start), min(r.end, request.end)))
+        position = positions.get(request.tp, 0)
+        for hole in subtract(request, committed):
+            if hole.start < position:
+                plan.todo.append(OffsetRange(hole.topic, hole.partition, hole.start, min(hole.end, position)))
+            if hole.end > position:
+                plan.ahead_of_position.append(
+                    OffsetRange(hole.topic, hole.partition, max(hole.start, position), hole.end))
+    return plan
+
+
+@dataclass
+class ReplayPlan:
+    """What a `replay` backfill will do, before anything runs."""
+
+    replace: list[CommittedRange] = field(default_factory=list)
+    never_committed: list[OffsetRange] = field(default_factory=list)
+    widened: list[tuple[OffsetRange, OffsetRange]] = field(default_factory=list)
+    """(requested, replayed) for each partition whose request was widened to whole committed ranges."""
+
+    @property
+    def records(self) -> int:
+        return sum(c.range.size for c in self.replace)
+
+    def by_batch(self) -> dict[int, list[CommittedRange]]:
+        """The replaced ranges grouped by the batch that committed them: one replay batch each."""
+        groups: dict[int, list[CommittedRange]] = {}
+        for c in sorted(self.replace, key=lambda c: (c.batch_id, c.range)):
+            groups.setdefault(c.batch_id, []).append(c)
+        return groups
+
+
+def plan_replay(requests: list[OffsetRange], committed: list[CommittedRange]) -> ReplayPlan:
+    """Every committed range that overlaps a request is replayed whole; parts of a request that no
+    committed range covers are reported (a replay of them is refused: use `fill`)."""
+    plan = ReplayPlan()
+    for request in requests:
+        hits = sorted((c for c in committed if c.range.tp == request.tp and c.range.end > request.start
+                       and c.range.start < request.end), key=lambda c: c.range)
+        plan.never_committed.extend(subtract(request, [c.range for c in hits]))
+        plan.replace.extend(hits)
+        if hits:
+            low, high = hits[0].range.start, max(c.range.end for c in hits)
+            if low < request.start or high > request.end:
+                plan.widened.append((request, OffsetRange(request.topic, request.partition, low, high)))
+    return plan
+
+
+def open_overlaps(
+    ranges: list[OffsetRange], open_ranges: list[tuple[int, str, OffsetRange]]
+) -> list[tuple[OffsetRange, int, str]]:
+    """(range, open batch id, its state) for each range that overlaps a batch still open."""
+    return [(r, batch_id, state) for r in ranges for batch_id, state, o in open_ranges
+            if o.tp == r.tp and o.end > r.start and o.start < r.end]
+
+
+def layers(ranges: list[OffsetRange]) -> list[list[OffsetRange]]:
+    """Group ranges so each group has at most one range per partition (one backfill batch each)."""
+    groups: list[list[OffsetRange]] = []
+    for r in sorted(ranges):
+        for group in groups:
+            if all(g.tp != r.tp for g in group):
+                group.append(r)
+                break
+        else:
+            groups.append([r])
+    return groups

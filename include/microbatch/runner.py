@@ -11,7 +11,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from microbatch import localenv
+from microbatch.dev import localenv
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +44,7 @@ def run_once(pipeline: str, backfill: dict | None = None) -> RunOutcome:
     """One DAG run of the pipeline (or, with `backfill` params, of its backfill DAG), in this process."""
     localenv.apply()
     ensure_airflow_db()
-    from microbatch.airflow_dags import backfill_dag, pipeline_dag
+    from microbatch.airflow.dags import backfill_dag, pipeline_dag
 
     dag = backfill_dag(pipeline) if backfill is not None else pipeline_dag(pipeline)
     dag_run = dag.test(run_conf=backfill)

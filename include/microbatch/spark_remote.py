@@ -14,7 +14,7 @@ from microbatch.errors import ConnectionSettingsError, TransientServiceError
 
 SPARK_REMOTE_ENV = "MICROBATCH_SPARK_REMOTE"
 DEFAULT_PORT = 15002  # Spark Connect's default gRPC port
-START_HINT = ("Start it (`make connect`, or `python -m microbatch.devstack connect`; on a Spark host "
+START_HINT = ("Start it (`make connect`, or `python -m microbatch.dev.stack connect`; on a Spark host "
               "`start-connect-server.sh`)")
 
 

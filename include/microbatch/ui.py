@@ -28,12 +28,12 @@ from microbatch.errors import MicrobatchError
 from microbatch.ledger import queries
 from microbatch.ledger.database import transaction, unreachable
 from microbatch.ledger.models import BACKFILL_KINDS
-from microbatch.planning import TopicPartition
+from microbatch.types import TopicPartition
 
 log = logging.getLogger(__name__)
 PAGE_PATH = "/ledger"
 JSON_PATH = "/api/ledger"
-# The backfill DAG of a pipeline is `<pipeline>__backfill` (see microbatch.backfill); the scheduled one is `<pipeline>`.
+# The backfill DAG of a pipeline is `<pipeline>__backfill` (see phases.backfill); the scheduled one is `<pipeline>`.
 BACKFILL_DAG_SUFFIX = "__backfill"
 
 
@@ -101,7 +101,7 @@ def _any_reachable(bootstrap: str, timeout_s: float) -> bool:
 def latest_offsets(pipeline: str, sources: LedgerSources) -> dict[TopicPartition, int]:
     """The latest (last stable, under read_committed) offsets of the pipeline's topics."""
     from microbatch.config import find_spec
-    from microbatch.kafka_offsets import offset_bounds, offsets_client, source_partitions
+    from microbatch.kafka.offsets import offset_bounds, offsets_client, source_partitions
 
     spec = find_spec(pipeline)
     bootstrap = sources.kafka_bootstrap(spec.source.connection)

@@ -40,9 +40,9 @@ import psutil
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from sqlalchemy import text
 
-from microbatch import localenv
-from microbatch.datagen import LogLine, generate_lines, produce_lines
-from microbatch.devstack import KafkaBroker, LocalPostgres, create_topic
+from microbatch.dev import localenv
+from microbatch.dev.datagen import LogLine, generate_lines, produce_lines
+from microbatch.dev.stack import KafkaBroker, LocalPostgres, create_topic
 from microbatch.failpoints import ARMED_FILE, FAILPOINT_DIR_ENV
 from microbatch.ledger.database import get_engine, migrate, transaction
 from tests.e2e.helpers import (
@@ -138,7 +138,7 @@ class Harness:
                 old = chunk[i]
                 if not old.malformed:
                     when = old.event_time - timedelta(seconds=40)
-                    from microbatch.datagen import format_line
+                    from microbatch.dev.datagen import format_line
 
                     chunk[i] = LogLine(format_line(old.ip, when), old.ip, when)
         coords = _retrying(lambda: produce_lines(self.broker.bootstrap_servers, SOURCE, chunk))

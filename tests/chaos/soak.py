@@ -37,9 +37,9 @@ from kafka import KafkaConsumer, TopicPartition
 from kafka.admin import KafkaAdminClient, NewPartitions
 from sqlalchemy import text
 
-from microbatch import localenv
-from microbatch.datagen import LogLine, generate_lines, produce_lines
-from microbatch.devstack import KafkaBroker, LocalPostgres, create_topic
+from microbatch.dev import localenv
+from microbatch.dev.datagen import LogLine, generate_lines, produce_lines
+from microbatch.dev.stack import KafkaBroker, LocalPostgres, create_topic
 from microbatch.ledger.database import migrate, transaction
 from tests.chaos.harness import _matching, _retrying
 from tests.e2e.helpers import ROOT, committed_batches, read_output, recount, sink_counts, verify_ledger

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import text
 
-from microbatch.datagen import generate_lines, produce_lines
+from microbatch.dev.datagen import generate_lines, produce_lines
 from microbatch.failpoints import EXIT_CODE, FAILPOINT_DIR_ENV, FAILPOINTS_ENV
 from microbatch.ledger.database import transaction
 from tests.e2e.helpers import assert_exactly_once, run_pipeline, write_test_spec

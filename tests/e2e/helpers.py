@@ -16,8 +16,8 @@ from pathlib import Path
 import yaml
 from sqlalchemy import text
 
-from microbatch.datagen import LogLine
-from microbatch.devstack import create_topic
+from microbatch.dev.datagen import LogLine
+from microbatch.dev.stack import create_topic
 from microbatch.ledger.database import transaction
 
 ROOT = Path(__file__).resolve().parents[2]

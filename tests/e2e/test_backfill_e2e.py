@@ -15,7 +15,7 @@ import pytest
 from sqlalchemy import text
 
 from microbatch.config import find_spec
-from microbatch.datagen import generate_lines, produce_lines
+from microbatch.dev.datagen import generate_lines, produce_lines
 from microbatch.ledger import repository as repo
 from microbatch.ledger.database import transaction
 from tests.e2e.helpers import assert_exactly_once, cli, read_output, write_test_spec

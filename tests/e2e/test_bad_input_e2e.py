@@ -12,7 +12,7 @@ import pytest
 from kafka import KafkaProducer
 from sqlalchemy import make_url, text
 
-from microbatch.datagen import format_line
+from microbatch.dev.datagen import format_line
 from microbatch.ledger.database import transaction
 from tests.e2e.helpers import (
     dead_letter_coordinates,

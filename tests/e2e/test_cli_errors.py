@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from microbatch.devstack import create_topic, free_port
+from microbatch.dev.stack import create_topic, free_port
 
 pytestmark = pytest.mark.e2e
 

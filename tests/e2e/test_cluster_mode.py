@@ -8,8 +8,8 @@ import urllib.request
 
 import pytest
 
-from microbatch.datagen import generate_lines, produce_lines
-from microbatch.devstack import SparkStandalone
+from microbatch.dev.datagen import generate_lines, produce_lines
+from microbatch.dev.stack import SparkStandalone
 from tests.e2e.helpers import assert_exactly_once, run_pipeline, write_test_spec
 
 pytestmark = pytest.mark.e2e

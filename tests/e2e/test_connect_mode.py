@@ -13,8 +13,8 @@ import pytest
 import yaml
 from sqlalchemy import make_url, text
 
-from microbatch.datagen import generate_lines, produce_lines
-from microbatch.devstack import SparkConnectServer
+from microbatch.dev.datagen import generate_lines, produce_lines
+from microbatch.dev.stack import SparkConnectServer
 from microbatch.ledger.database import transaction
 from tests.e2e.helpers import assert_exactly_once, run_pipeline, write_test_spec
 
@@ -89,7 +89,7 @@ def test_unreachable_server_fails_stage_with_one_sentence(connect_server, servic
     log = result.stdout + result.stderr
     assert result.returncode != 0
     sentence = (f"Cannot reach the Spark Connect server at sc://127.0.0.1:{port}: connection refused. Start it "
-                "(`make connect`, or `python -m microbatch.devstack connect`")
+                "(`make connect`, or `python -m microbatch.dev.stack connect`")
     assert sentence in log, log[-4000:]
     assert "MICROBATCH_SPARK_REMOTE or the Airflow connection 'spark_connect_default'" in log
     assert "StatusCode" not in log and "grpc" not in log.lower()

@@ -96,7 +96,7 @@ def test_connect_mode_stage_is_a_python_task_between_plan_and_commit(tmp_path, m
 
 
 def test_spark_remote_from_env_or_spark_connect_connection(monkeypatch):
-    from microbatch.airflow_dags import spark_remote
+    from microbatch.airflow.dags import spark_remote
     from microbatch.errors import ConnectionSettingsError
     from microbatch.spark_remote import display
 

@@ -14,7 +14,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from sqlalchemy import text
 
-from microbatch.datagen import LogLine, format_line, generate_lines, produce_lines
+from microbatch.dev.datagen import LogLine, format_line, generate_lines, produce_lines
 from microbatch.ledger.database import transaction
 from tests.e2e.helpers import assert_exactly_once, run_pipeline, write_test_spec
 

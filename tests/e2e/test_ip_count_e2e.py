@@ -12,7 +12,7 @@ from datetime import UTC, datetime
 import pytest
 from sqlalchemy import make_url, text
 
-from microbatch.datagen import generate_lines, produce_lines
+from microbatch.dev.datagen import generate_lines, produce_lines
 from microbatch.ledger.database import transaction
 from tests.e2e.helpers import assert_exactly_once, cli, run_pipeline, write_test_spec
 

@@ -13,8 +13,8 @@ import pytest
 from kafka import KafkaConsumer, KafkaProducer
 from sqlalchemy import text
 
-from microbatch.datagen import format_line
-from microbatch.devstack import KafkaBroker, create_topic
+from microbatch.dev.datagen import format_line
+from microbatch.dev.stack import KafkaBroker, create_topic
 from microbatch.ledger.database import transaction
 from tests.e2e.helpers import (
     positions,

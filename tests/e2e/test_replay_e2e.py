@@ -14,7 +14,7 @@ import pytest
 import yaml
 from sqlalchemy import text
 
-from microbatch.datagen import generate_lines, produce_lines
+from microbatch.dev.datagen import generate_lines, produce_lines
 from microbatch.ledger.database import transaction
 from tests.e2e.helpers import (
     assert_exactly_once,

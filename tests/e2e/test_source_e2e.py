@@ -11,9 +11,9 @@ import yaml
 from kafka import KafkaAdminClient
 
 from microbatch.config import find_spec
-from microbatch.datagen import generate_lines, produce_lines
-from microbatch.devstack import create_topic
-from microbatch.planner import plan_next_batch
+from microbatch.dev.datagen import generate_lines, produce_lines
+from microbatch.dev.stack import create_topic
+from microbatch.phases.plan import plan_next_batch
 from tests.e2e.helpers import assert_exactly_once, run_pipeline, write_test_spec
 
 pytestmark = pytest.mark.e2e

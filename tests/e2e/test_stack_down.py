@@ -26,8 +26,9 @@ import psutil
 import pytest
 from sqlalchemy import text
 
-from microbatch.devstack import cache_dir, free_port, port_open
+from microbatch.dev.stack import free_port, port_open
 from microbatch.ledger.database import transaction
+from microbatch.runtime import cache_dir
 
 pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).resolve().parents[2]

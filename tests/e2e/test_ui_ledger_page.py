@@ -19,15 +19,15 @@ from urllib.parse import quote
 import pytest
 from sqlalchemy import text
 
-from microbatch.commit import commit_batch
 from microbatch.config import find_spec
-from microbatch.datagen import generate_lines, produce_lines
-from microbatch.devstack import AirflowStandalone
+from microbatch.dev.datagen import generate_lines, produce_lines
+from microbatch.dev.stack import AirflowStandalone
 from microbatch.ledger import repository as repo
 from microbatch.ledger.database import transaction
 from microbatch.ledger.models import BatchKind
-from microbatch.planner import plan_next_batch
-from microbatch.planning import Gap, OffsetRange, Plan
+from microbatch.phases.commit import commit_batch
+from microbatch.phases.plan import plan_next_batch
+from microbatch.types import Gap, OffsetRange, Plan
 from tests.e2e.helpers import write_test_spec
 
 pytestmark = pytest.mark.e2e

@@ -12,13 +12,13 @@ from kafka import TopicPartition as KTP
 from kafka.admin import KafkaAdminClient
 from sqlalchemy import text
 
-from microbatch.backfill import plan_backfill
-from microbatch.commit import commit_batch
 from microbatch.config import find_spec
 from microbatch.errors import SpecError
 from microbatch.ledger import repository as repo
 from microbatch.ledger.database import transaction
-from microbatch.planner import plan_next_batch
+from microbatch.phases.backfill import plan_backfill
+from microbatch.phases.commit import commit_batch
+from microbatch.phases.plan import plan_next_batch
 from tests.e2e.helpers import cli, write_test_spec
 
 pytestmark = pytest.mark.integration

@@ -10,7 +10,7 @@ import pytest
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from sqlalchemy import create_engine, text
 
-from microbatch.devstack import KafkaBroker, LocalPostgres, create_topic, port_open
+from microbatch.dev.stack import KafkaBroker, LocalPostgres, create_topic, port_open
 
 pytestmark = pytest.mark.integration
 
@@ -83,7 +83,7 @@ def test_devstack_connect_starts_reuses_and_down_stops_a_detached_server(tmp_pat
     import subprocess
     import sys
 
-    from microbatch.devstack import cache_dir
+    from microbatch.runtime import cache_dir
 
     # A cache of its own (the jars linked from the real one), so the operator's stack is not touched.
     cache = tmp_path / "cache"
@@ -93,7 +93,7 @@ def test_devstack_connect_starts_reuses_and_down_stops_a_detached_server(tmp_pat
     env = {**os.environ, "MICROBATCH_CACHE_DIR": str(cache)}
 
     def devstack(command: str) -> str:
-        return subprocess.run([sys.executable, "-m", "microbatch.devstack", command], env=env, capture_output=True,
+        return subprocess.run([sys.executable, "-m", "microbatch.dev.stack", command], env=env, capture_output=True,
                               text=True, timeout=300, check=True).stdout
 
     try:

@@ -12,7 +12,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from microbatch.datagen import format_line
+from microbatch.dev.datagen import format_line
 from spark_jobs.ip_count import IpCount, is_ip_address
 
 pytestmark = pytest.mark.integration

@@ -15,12 +15,12 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.exc import IntegrityError
 
-from microbatch.commit import commit_batch
 from microbatch.config import find_spec
 from microbatch.errors import ConcurrentCommitError, MicrobatchError, ZombieAttemptError
 from microbatch.ledger import repository as repo
 from microbatch.ledger.database import stage_lock, transaction
-from microbatch.planning import OffsetRange, Plan
+from microbatch.phases.commit import commit_batch
+from microbatch.types import OffsetRange, Plan
 
 pytestmark = pytest.mark.integration
 SPEC = find_spec("ip_count")
@@ -186,7 +186,7 @@ def test_a_concurrent_stage_waits_for_the_live_one_instead_of_superseding_it(led
     """Regression (chaos harness): four concurrent runs of one batch superseded each other's attempts in
     turn for 12 minutes. Now the second stage waits on the batch's advisory lock, then finds the batch
     staged and leaves it to the commit: no new attempt, one commit."""
-    from microbatch.staging import stage_batch
+    from microbatch.phases.stage import stage_batch
 
     with transaction(ledger_url) as session:
         pipeline = repo.ensure_pipeline(session, SPEC, lock=True)

@@ -16,12 +16,12 @@ from kafka.errors import KafkaError
 from sqlalchemy import text
 
 from microbatch.config import find_spec
-from microbatch.devstack import create_topic
+from microbatch.dev.stack import create_topic
 from microbatch.failpoints import EXIT_CODE, FAILPOINT_DIR_ENV, FAILPOINTS_ENV
 from microbatch.ledger import repository as repo
 from microbatch.ledger.database import publish_lock, transaction
-from microbatch.planning import OffsetRange, Plan
-from microbatch.publisher import last_published_seq, publish_sink
+from microbatch.phases.publish import last_published_seq, publish_sink
+from microbatch.types import OffsetRange, Plan
 from tests.e2e.helpers import read_output, write_test_spec
 
 pytestmark = pytest.mark.integration

@@ -7,11 +7,11 @@ import pytest
 from kafka import KafkaProducer
 from sqlalchemy import text
 
-from microbatch.commit import commit_batch
 from microbatch.config import find_spec
 from microbatch.ledger import repository as repo
 from microbatch.ledger.database import transaction
-from microbatch.planner import plan_next_batch
+from microbatch.phases.commit import commit_batch
+from microbatch.phases.plan import plan_next_batch
 from tests.e2e.helpers import cli, write_test_spec
 
 pytestmark = pytest.mark.integration

@@ -17,16 +17,17 @@ from kafka import TopicPartition as KTP
 from kafka.errors import CoordinatorNotAvailableError
 from sqlalchemy import text
 
-from microbatch.commit import commit_batch
 from microbatch.config import PIPELINES_DIR, PipelineSpec
-from microbatch.devstack import create_topic
+from microbatch.dev.stack import create_topic
 from microbatch.errors import DataLossError, SpecError
-from microbatch.kafka_offsets import mirror_group_offsets
+from microbatch.kafka.offsets import mirror_group_offsets
 from microbatch.ledger import repository as repo
 from microbatch.ledger.database import transaction
-from microbatch.planner import PlanOutcome, plan_next_batch
-from microbatch.planning import OffsetRange, TopicPartition, find_holes, spark_splits
-from microbatch.reporting import log_plan_summary
+from microbatch.phases.commit import commit_batch
+from microbatch.phases.plan import PlanOutcome, plan_next_batch
+from microbatch.phases.reporting import log_plan_summary
+from microbatch.planning import find_holes, spark_splits
+from microbatch.types import OffsetRange, TopicPartition
 
 pytestmark = pytest.mark.integration
 
@@ -325,7 +326,7 @@ def test_old_lag_snapshots_are_pruned_but_each_partitions_newest_is_kept(kafka, 
 def spark() -> Iterator[object]:
     from pyspark.sql import SparkSession
 
-    from microbatch.devstack import spark_jars
+    from microbatch.runtime import spark_jars
 
     session = (SparkSession.builder.master("local[2]").appName("source-semantics")
                .config("spark.jars", ",".join(str(p) for p in spark_jars()))
@@ -336,7 +337,7 @@ def spark() -> Iterator[object]:
 
 
 def read(spark, ranges: list[OffsetRange], bootstrap: str, min_partitions: int = 0, isolation="read_committed"):
-    from microbatch.staging import kafka_read_options
+    from microbatch.phases.stage import kafka_read_options
 
     return spark.read.format("kafka").options(**kafka_read_options(ranges, bootstrap, isolation, min_partitions)).load()
 
@@ -384,7 +385,7 @@ def test_a_batch_without_good_records_stages_its_dead_letters_and_commits(spark,
     aggregation nothing to read; adaptive execution then dropped the read's observed metrics with the
     empty plan, and every retry of the batch failed on the Observation. It stages zero rows, keeps its
     dead letters with their source offsets, and commits."""
-    from microbatch.staging import stage_batch
+    from microbatch.phases.stage import stage_batch
 
     bootstrap = kafka.bootstrap_servers
     producer = KafkaProducer(bootstrap_servers=bootstrap, transactional_id=f"aborted-{topic}", acks="all")
@@ -415,7 +416,7 @@ def test_a_batch_without_good_records_stages_its_dead_letters_and_commits(spark,
 
 
 def test_spark_refuses_offsets_deleted_after_planning(spark, kafka, topic):
-    from microbatch.staging import is_data_loss
+    from microbatch.phases.stage import is_data_loss
 
     bootstrap = kafka.bootstrap_servers
     produce(bootstrap, topic, {3: 30})

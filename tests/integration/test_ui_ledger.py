@@ -16,11 +16,11 @@ from fastapi import HTTPException
 from fastapi.testclient import TestClient
 from sqlalchemy import make_url
 
-from microbatch.commit import commit_batch
 from microbatch.config import find_spec
 from microbatch.ledger import repository as repo
 from microbatch.ledger.database import transaction
-from microbatch.planning import OffsetRange, Plan
+from microbatch.phases.commit import commit_batch
+from microbatch.types import OffsetRange, Plan
 from microbatch.ui import LedgerSources, create_app
 
 pytestmark = pytest.mark.integration

@@ -4,10 +4,11 @@ from datetime import UTC, datetime
 
 import pytest
 
-from microbatch.backfill import CommittedRange, layers, open_overlaps, parse_params, plan_fill, plan_replay, subtract
 from microbatch.config import find_spec
 from microbatch.errors import SpecError
-from microbatch.planning import OffsetRange, TopicPartition
+from microbatch.phases.backfill import parse_params
+from microbatch.planning import layers, open_overlaps, plan_fill, plan_replay, subtract
+from microbatch.types import CommittedRange, OffsetRange, TopicPartition
 
 T0 = TopicPartition("t", 0)
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import yaml
 from sqlalchemy import make_url
 
-from microbatch.kafka_offsets import BOOTSTRAP_ENV
+from microbatch.kafka.offsets import BOOTSTRAP_ENV
 from microbatch.ledger.database import LEDGER_URL_ENV
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -37,8 +37,8 @@ def test_an_unexpected_stage_failure_is_one_retryable_sentence():
 def test_stage_batches_turns_only_unnamed_failures_into_stage_failed(monkeypatch, caplog):
     """The control flow alone (stage_batch replaced): a Spark error becomes StageFailedError with its trace
     logged; platform errors and a lost Connect server pass through unchanged."""
-    from microbatch import staging
     from microbatch.errors import SpecError
+    from microbatch.phases import stage as staging
 
     raised: list[BaseException] = []
 

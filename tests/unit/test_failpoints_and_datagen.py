@@ -4,7 +4,7 @@ import ipaddress
 from datetime import UTC, datetime, timedelta
 
 from microbatch import failpoints
-from microbatch.datagen import INVALID_ADDRESSES, LogLine, expected_counts, format_line, generate_lines
+from microbatch.dev.datagen import INVALID_ADDRESSES, LogLine, expected_counts, format_line, generate_lines
 
 T0 = datetime(2026, 11, 22, 12, 0, 0, tzinfo=UTC)
 
@@ -76,7 +76,7 @@ def test_invalid_client_addresses_are_malformed_by_ipaddress():
 def test_event_time_of_reads_back_what_format_line_wrote() -> None:
     from datetime import UTC, datetime
 
-    from microbatch.datagen import event_time_of, format_line
+    from microbatch.dev.datagen import event_time_of, format_line
 
     when = datetime(2026, 11, 25, 7, 1, 2, tzinfo=UTC)
     assert event_time_of(format_line("10.0.0.1", when)) == when

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from microbatch.errors import ConnectionSettingsError
-from microbatch.kafka_security import (
+from microbatch.kafka.security import (
     KafkaSecurity,
     env_from_connection,
     from_env,

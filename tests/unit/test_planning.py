@@ -4,16 +4,8 @@ import pytest
 
 from microbatch.config import OnDataLoss, SourceSpec, Startup
 from microbatch.errors import DataLossError
-from microbatch.planning import (
-    Gap,
-    OffsetRange,
-    TopicPartition,
-    find_holes,
-    find_overlaps,
-    plan_batch,
-    plan_ranges,
-    split_budget,
-)
+from microbatch.planning import find_holes, find_overlaps, plan_batch, plan_ranges, split_budget
+from microbatch.types import Gap, OffsetRange, TopicPartition
 
 T0, T1, T2 = (TopicPartition("t", p) for p in range(3))
 

@@ -9,9 +9,6 @@ import yaml
 from microbatch.config import PIPELINES_DIR, OnDataLoss, SourceSpec, Startup, load_spec
 from microbatch.errors import DataLossError, SpecError
 from microbatch.planning import (
-    OffsetRange,
-    StartupOffsets,
-    TopicPartition,
     data_loss_at_read,
     defer_reason,
     lost_ranges,
@@ -21,6 +18,7 @@ from microbatch.planning import (
     plan_ranges,
     spark_splits,
 )
+from microbatch.types import OffsetRange, StartupOffsets, TopicPartition
 
 T0, T1, T2 = (TopicPartition("t", p) for p in range(3))
 LOW = {T0: 0, T1: 0, T2: 0}

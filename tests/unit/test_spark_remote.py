@@ -31,7 +31,7 @@ def test_a_closed_port_is_one_retryable_sentence_naming_remote_and_fix():
     message = str(error.value)
     assert error.value.retryable
     assert message.startswith(f"Cannot reach the Spark Connect server at sc://127.0.0.1:{port}: connection refused.")
-    assert "python -m microbatch.devstack connect" in message and "spark_connect_default" in message
+    assert "python -m microbatch.dev.stack connect" in message and "spark_connect_default" in message
     assert "s3cr3t" not in message and "\n" not in message
 
 

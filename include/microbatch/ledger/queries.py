@@ -13,7 +13,7 @@ from typing import Any
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
-from microbatch.planning import TopicPartition
+from microbatch.types import TopicPartition
 
 
 @dataclass

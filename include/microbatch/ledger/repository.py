@@ -10,7 +10,6 @@ from sqlalchemy import select, text, update
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
-from microbatch.backfill import CommittedRange
 from microbatch.config import PipelineSpec
 from microbatch.errors import MicrobatchError, ZombieAttemptError
 from microbatch.ledger.models import (
@@ -24,7 +23,7 @@ from microbatch.ledger.models import (
     Position,
     Range,
 )
-from microbatch.planning import Gap, OffsetRange, Plan, TopicPartition
+from microbatch.types import CommittedRange, Gap, OffsetRange, Plan, TopicPartition
 
 
 def ensure_pipeline(session: Session, spec: PipelineSpec, *, lock: bool = False) -> Pipeline:

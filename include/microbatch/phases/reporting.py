@@ -7,11 +7,11 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from microbatch.backfill import BackfillOutcome
-    from microbatch.commit import CommitResult
-    from microbatch.planner import PlanOutcome
-    from microbatch.publisher import PublishResult
-    from microbatch.staging import StageResult
+    from microbatch.phases.backfill import BackfillOutcome
+    from microbatch.phases.commit import CommitResult
+    from microbatch.phases.plan import PlanOutcome
+    from microbatch.phases.publish import PublishResult
+    from microbatch.phases.stage import StageResult
 
 
 _LAG_LINES = 64

@@ -13,20 +13,12 @@ from dataclasses import dataclass
 
 from microbatch.config import OnDataLoss, PipelineSpec
 from microbatch.errors import SpecError
-from microbatch.kafka_offsets import discover_source, offset_bounds, offsets_client, startup_lookups
+from microbatch.kafka.offsets import discover_source, offset_bounds, offsets_client, startup_lookups
 from microbatch.ledger import repository as repo
 from microbatch.ledger.database import transaction
 from microbatch.ledger.models import BatchState
-from microbatch.planning import (
-    OffsetRange,
-    Plan,
-    TopicPartition,
-    data_loss_at_read,
-    lost_ranges,
-    needs_group_offsets,
-    needs_offsets_for_time,
-    plan_batch,
-)
+from microbatch.planning import data_loss_at_read, lost_ranges, needs_group_offsets, needs_offsets_for_time, plan_batch
+from microbatch.types import OffsetRange, Plan, TopicPartition
 
 log = logging.getLogger(__name__)
 

@@ -25,15 +25,16 @@ from sqlalchemy.exc import OperationalError
 from microbatch import failpoints
 from microbatch.config import PipelineSpec, PostgresAggregateSink
 from microbatch.errors import DataLossError, MicrobatchError, SpecError, StageFailedError
-from microbatch.kafka_offsets import offset_bounds, offsets_client
-from microbatch.kafka_security import spark_client_options
+from microbatch.kafka.offsets import offset_bounds, offsets_client
+from microbatch.kafka.security import spark_client_options
 from microbatch.ledger import repository as repo
 from microbatch.ledger.database import stage_lock, transaction
 from microbatch.ledger.models import BatchState
-from microbatch.planning import OffsetRange, data_loss_at_read, lost_ranges
-from microbatch.reporting import log_stage_summary
+from microbatch.phases.reporting import log_stage_summary
+from microbatch.planning import data_loss_at_read, lost_ranges
 from microbatch.spark_remote import is_unavailable
 from microbatch.transform import ERROR_COLUMN, LATE_COLUMN, SparkJob
+from microbatch.types import OffsetRange
 
 log = logging.getLogger(__name__)
 

@@ -73,7 +73,7 @@ def next_start(bootstrap_servers: str, topic: str, tail: int = 200) -> datetime:
     behind their watermark."""
     from kafka import KafkaConsumer, TopicPartition
 
-    from microbatch.kafka_security import client_kwargs
+    from microbatch.kafka.security import client_kwargs
 
     now = datetime.now(UTC).replace(microsecond=0)
     consumer = KafkaConsumer(bootstrap_servers=bootstrap_servers.split(","), group_id=None,
@@ -157,7 +157,7 @@ def produce_lines(
     acknowledged (partition, offset), in input order."""
     from kafka import KafkaProducer
 
-    from microbatch.kafka_security import client_kwargs
+    from microbatch.kafka.security import client_kwargs
 
     producer = KafkaProducer(bootstrap_servers=bootstrap_servers.split(","), acks="all", linger_ms=20,
                              batch_size=256 * 1024, enable_idempotence=True, **client_kwargs())

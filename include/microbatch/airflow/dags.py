@@ -22,8 +22,8 @@ from sqlalchemy.exc import OperationalError
 
 from microbatch.config import PipelineSpec, encode_spec, find_spec
 from microbatch.errors import ConnectionSettingsError, MicrobatchError
-from microbatch.kafka_offsets import BOOTSTRAP_ENV
-from microbatch.kafka_security import env_from_connection
+from microbatch.kafka.offsets import BOOTSTRAP_ENV
+from microbatch.kafka.security import env_from_connection
 from microbatch.ledger.database import LEDGER_URL_ENV, unreachable
 from microbatch.spark_remote import DEFAULT_PORT, SPARK_REMOTE_ENV
 
@@ -163,7 +163,7 @@ class StageBatchOperator(SparkSubmitOperator):
         self.kafka_conn_id = spec.source.connection
 
     def execute(self, context: Any) -> None:
-        from microbatch.devstack import spark_jars
+        from microbatch.dev.stack import spark_jars
 
         try:
             env = {
@@ -194,7 +194,7 @@ def library_zip() -> Path:
     import hashlib
     import zipfile
 
-    from microbatch.devstack import cache_dir
+    from microbatch.dev.stack import cache_dir
 
     sources = sorted(
         p for folder in (PROJECT_ROOT / "include" / "microbatch", PROJECT_ROOT / "spark_jobs")
@@ -248,7 +248,7 @@ def _connect_stage_task(spec: PipelineSpec) -> Any:
     @task(task_id="stage")
     def stage(batch_ids: int | str) -> None:
         from microbatch import spark_remote as connect
-        from microbatch.staging import connect_session, stage_batches
+        from microbatch.phases.stage import connect_session, stage_batches
 
         ids = [int(part) for part in str(batch_ids).split(",")]
         try:
@@ -287,11 +287,11 @@ def _commit_task(spec: PipelineSpec) -> Any:
 
     @task(task_id="commit", outlets=assets)
     def commit(batch_ids: int | str, **context: Any) -> list[dict[str, Any]]:
-        from microbatch.commit import commit_batch
         from microbatch.failpoints import hit
-        from microbatch.kafka_offsets import mirror_group_offsets
+        from microbatch.kafka.offsets import mirror_group_offsets
         from microbatch.ledger.database import transaction
-        from microbatch.reporting import log_commit_summary
+        from microbatch.phases.commit import commit_batch
+        from microbatch.phases.reporting import log_commit_summary
 
         url = ledger_url()
         summaries = []
@@ -325,8 +325,8 @@ def _publish_task(spec: PipelineSpec) -> Any:
     # Runs after a skipped (nothing new) run too, so a failed publish is finished by the next run.
     @task(task_id="publish", outlets=topic_assets(spec), trigger_rule="none_failed")
     def publish() -> dict[str, Any]:
-        from microbatch.publisher import publish_sink
-        from microbatch.reporting import log_publish_summary
+        from microbatch.phases.publish import publish_sink
+        from microbatch.phases.reporting import log_publish_summary
 
         url = ledger_url()
         summary = {}
@@ -358,8 +358,8 @@ def build_dag(spec: PipelineSpec) -> DAG:
 
         @task(task_id="plan")
         def plan(**context: Any) -> int:
-            from microbatch.planner import plan_next_batch
-            from microbatch.reporting import log_plan_summary
+            from microbatch.phases.plan import plan_next_batch
+            from microbatch.phases.reporting import log_plan_summary
 
             url = ledger_url()
             with task_errors(url):
@@ -412,8 +412,8 @@ def build_backfill_dag(spec: PipelineSpec) -> DAG:
 
         @task(task_id="plan")
         def plan(**context: Any) -> str:
-            from microbatch.backfill import plan_backfill
-            from microbatch.reporting import log_backfill_plan
+            from microbatch.phases.backfill import plan_backfill
+            from microbatch.phases.reporting import log_backfill_plan
 
             url = ledger_url()
             with task_errors(url):

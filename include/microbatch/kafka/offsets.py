@@ -19,8 +19,8 @@ from kafka.errors import KafkaConfigurationError, KafkaError
 
 from microbatch.config import SourceSpec
 from microbatch.errors import ConnectionSettingsError, MicrobatchError, SpecError, TransientServiceError
-from microbatch.kafka_security import client_kwargs, from_env
-from microbatch.planning import StartupOffsets, TopicPartition
+from microbatch.kafka.security import client_kwargs, from_env
+from microbatch.types import StartupOffsets, TopicPartition
 
 log = logging.getLogger(__name__)
 BOOTSTRAP_ENV = "MICROBATCH_KAFKA_BOOTSTRAP"

@@ -1,0 +1,1 @@
+"""The phases of a micro-batch: plan -> stage -> commit -> publish, and backfill, reset, reporting."""

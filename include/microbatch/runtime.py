@@ -1,0 +1,94 @@
+"""What a stage needs at run time, wherever its driver runs: the connector jars, the `--py-files` zip of
+this package and the jobs, and where the project and its cache are.
+
+No dev-stack import and no pyspark import: the Airflow side calls this before any Spark starts.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import logging
+import os
+import shutil
+import subprocess
+import time
+import zipfile
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+RUN_BATCH = PROJECT_ROOT / "spark_jobs" / "run_batch.py"
+JAR_KINDS = ("kafka", "spark")
+
+
+def cache_dir() -> Path:
+    """`<root>/.cache`, or `$MICROBATCH_CACHE_DIR` when set: jars, Maven repo, zips, the local stack."""
+    return Path(os.environ.get("MICROBATCH_CACHE_DIR") or PROJECT_ROOT / ".cache")
+
+
+def spark_home() -> Path:
+    """The pyspark wheel's folder (SPARK_HOME of local Spark), found without importing pyspark."""
+    spec = importlib.util.find_spec("pyspark")
+    if spec is None or spec.origin is None:
+        raise RuntimeError("pyspark is not installed in this Python; run `make venv`.")
+    return Path(spec.origin).parent
+
+
+def ensure_jars(kind: str) -> Path:
+    """Fetch the jars of `kind` ("kafka" broker, "spark" connectors) with Maven, once; return their folder."""
+    if kind not in JAR_KINDS:
+        raise ValueError(f"unknown jar kind {kind!r}; use one of {JAR_KINDS}")
+    target = cache_dir() / "jars" / kind
+    marker = target / ".complete"
+    pom = PROJECT_ROOT / "include" / "jars" / kind / "pom.xml"
+    if marker.exists() and marker.read_text() == pom.read_text():
+        return target
+    started = time.monotonic()
+    shutil.rmtree(target, ignore_errors=True)
+    command = [
+        "mvn", "-q", "-B", "-f", str(pom), "dependency:copy-dependencies",
+        f"-DoutputDirectory={target}", "-DincludeScope=runtime", f"-Dmaven.repo.local={cache_dir() / 'm2'}",
+    ]
+    # Maven's console prints stray ANSI resets even with -q -B; keep its output for the error message only.
+    result = subprocess.run(command, capture_output=True, text=True, check=False)
+    if result.returncode != 0:
+        tail = "\n".join((result.stdout + result.stderr).splitlines()[-40:])
+        raise RuntimeError(f"fetching the {kind} jars with Maven failed ({' '.join(command)}):\n{tail}")
+    marker.write_text(pom.read_text())
+    log.info("fetched %s jars into %s in %.1fs", kind, target, time.monotonic() - started)
+    return target
+
+
+def spark_jars() -> list[Path]:
+    """The connector jars for spark-submit `--jars`, minus those the pyspark wheel already ships."""
+    shipped = {_artifact(p.name) for p in (spark_home() / "jars").glob("*.jar")}
+    return sorted(p for p in ensure_jars("spark").glob("*.jar") if _artifact(p.name) not in shipped)
+
+
+def _artifact(jar_name: str) -> str:
+    """'kafka-clients-3.9.2.jar' -> 'kafka-clients'."""
+    parts = jar_name.removesuffix(".jar").split("-")
+    while parts and parts[-1][:1].isdigit():
+        parts.pop()
+    return "-".join(parts)
+
+
+def library_zip() -> Path:
+    """A zip of include/microbatch and spark_jobs for `--py-files`, rebuilt when the code changes."""
+    sources = sorted(
+        p for folder in (PROJECT_ROOT / "include" / "microbatch", PROJECT_ROOT / "spark_jobs")
+        for p in folder.rglob("*.py") if "__pycache__" not in p.parts
+    )
+    digest = hashlib.sha256(b"".join(p.read_bytes() for p in sources)).hexdigest()[:12]
+    target = cache_dir() / "pyfiles" / f"microbatch-{digest}.zip"
+    if not target.exists():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        partial = target.with_suffix(f".{os.getpid()}.tmp")
+        with zipfile.ZipFile(partial, "w", zipfile.ZIP_DEFLATED) as archive:
+            for path in sources:
+                base = PROJECT_ROOT / "include" if path.is_relative_to(PROJECT_ROOT / "include") else PROJECT_ROOT
+                archive.write(path, path.relative_to(base))
+        partial.replace(target)
+    return target

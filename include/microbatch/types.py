@@ -1,0 +1,104 @@
+"""Value types shared by every layer: partitions, offset ranges, gaps, plans, committed ranges.
+
+Plain frozen dataclasses with no behaviour beyond their own fields, so the planner, the Kafka clients,
+the ledger and the phases can all speak of the same things without importing one another.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True, order=True)
+class TopicPartition:
+    topic: str
+    partition: int
+
+    def __str__(self) -> str:
+        return f"{self.topic}[{self.partition}]"
+
+
+@dataclass(frozen=True, order=True)
+class OffsetRange:
+    """The half-open offset range [start, end) of one partition."""
+
+    topic: str
+    partition: int
+    start: int
+    end: int
+
+    @property
+    def tp(self) -> TopicPartition:
+        return TopicPartition(self.topic, self.partition)
+
+    @property
+    def size(self) -> int:
+        return self.end - self.start
+
+    def __str__(self) -> str:
+        return f"{self.topic}[{self.partition}] [{self.start}, {self.end})"
+
+
+@dataclass(frozen=True)
+class Gap:
+    """Offsets lost before they were read (retention), recorded under `on_data_loss: skip`."""
+
+    topic: str
+    partition: int
+    start: int
+    end: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class StartupOffsets:
+    """What the broker answered for the startup modes of new partitions (read only when needed).
+
+    `committed`: the takeover group's committed offset per partition (None: it has none).
+    `for_time`: the first offset at or after `startup.timestamp` (None: no such record).
+    """
+
+    committed: Mapping[TopicPartition, int | None] = field(default_factory=dict)
+    for_time: Mapping[TopicPartition, int | None] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What one batch will read, and what planning noticed on the way."""
+
+    ranges: tuple[OffsetRange, ...]
+    new_partitions: tuple[TopicPartition, ...] = ()
+    gaps: tuple[Gap, ...] = ()
+    backlog: Mapping[TopicPartition, int] = field(default_factory=dict)
+    """Offsets between each partition's start and the latest (stable) offset, before this batch."""
+    starts: Mapping[TopicPartition, int] = field(default_factory=dict)
+    """Where each discovered partition starts (its ledger position, or its resolved startup offset)."""
+    startup: Mapping[TopicPartition, str] = field(default_factory=dict)
+    """How each new partition's start was chosen, for the log."""
+    disappeared_topics: tuple[str, ...] = ()
+    """Topics the ledger has positions for that the broker no longer lists; their rows are kept."""
+    deferred: str | None = None
+    """Why no batch runs although records are waiting (`min_records_per_batch`), else None."""
+
+    @property
+    def records(self) -> int:
+        return sum(r.size for r in self.ranges)
+
+    @property
+    def lag_after(self) -> int:
+        return sum(self.backlog.values()) - self.records
+
+    def lag_after_by_partition(self) -> dict[TopicPartition, int]:
+        """Offsets each partition still has to read after this batch."""
+        read = {r.tp: r.size for r in self.ranges}
+        return {tp: lag - read.get(tp, 0) for tp, lag in sorted(self.backlog.items())}
+
+
+@dataclass(frozen=True)
+class CommittedRange:
+    """A committed range of the ledger, with its row id and the batch that committed it."""
+
+    range_id: int
+    batch_id: int
+    range: OffsetRange
