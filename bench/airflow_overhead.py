@@ -85,8 +85,9 @@ def main(argv: list[str]) -> int:
     results: dict = {"machine": machine(), "args": vars(args)}
 
     from microbatch.dev import localenv
+    from microbatch.dev.airflow import AirflowStandalone
     from microbatch.dev.datagen import generate_lines, produce_lines
-    from microbatch.dev.stack import AirflowStandalone, create_topic
+    from microbatch.dev.kafka import create_topic
     from microbatch.ledger.database import transaction
 
     with local_stack("mb-overhead-") as stack:

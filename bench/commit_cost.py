@@ -126,7 +126,7 @@ def main(argv: list[str]) -> int:
     import shutil
     import tempfile
 
-    from microbatch.dev.stack import LocalPostgres
+    from microbatch.dev.postgres import LocalPostgres
 
     work = Path(tempfile.mkdtemp(prefix="mb-bench-commit-"))
     work.chmod(0o755)

@@ -59,7 +59,8 @@ class Stack:
 
 @contextmanager
 def local_stack(prefix: str = "mb-bench-"):
-    from microbatch.dev.stack import DATABASE, KafkaBroker, LocalPostgres
+    from microbatch.dev.kafka import KafkaBroker
+    from microbatch.dev.postgres import DATABASE, LocalPostgres
 
     work = Path(tempfile.mkdtemp(prefix=prefix))
     os.chmod(work, 0o755)  # the embedded PostgreSQL may run as its own system user
@@ -141,7 +142,7 @@ def end_offsets(bootstrap: str, topic: str) -> dict[int, int]:
 
 def filled_topic(stack: Stack, topic: str, records: int, partitions: int) -> tuple[dict, dict[int, int], Path]:
     """A new topic holding `records` payload lines: (production figures, end offsets, a ranges file over all of it)."""
-    from microbatch.dev.stack import create_topic
+    from microbatch.dev.kafka import create_topic
 
     create_topic(stack.bootstrap, topic, partitions)
     produced = produce(stack.bootstrap, topic, records, payload_file(stack.work_dir / "payload.txt"))

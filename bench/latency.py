@@ -77,7 +77,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--connect", action="store_true", help="also measure the Spark Connect mode")
     args = parser.parse_args(argv)
     from microbatch.config import find_spec
-    from microbatch.dev.stack import SparkConnectServer, create_topic
+    from microbatch.dev.kafka import create_topic
+    from microbatch.dev.spark import SparkConnectServer
 
     results: dict = {"machine": machine(), "args": vars(args)}
     index = 0

@@ -27,7 +27,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--reps", type=int, default=5)
     args = parser.parse_args(argv)
     from microbatch.config import find_spec
-    from microbatch.dev.stack import create_topic
+    from microbatch.dev.kafka import create_topic
     from microbatch.kafka.offsets import discover_partitions, offset_bounds, offsets_client
     from microbatch.ledger.database import transaction
     from microbatch.phases.commit import commit_batch

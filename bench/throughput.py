@@ -233,7 +233,7 @@ def main(argv: list[str]) -> int:
         results["partition_sizes"] = ends
         remote = None
         if args.connect:
-            from microbatch.dev.stack import SparkConnectServer
+            from microbatch.dev.spark import SparkConnectServer
 
             server = servers.enter_context(SparkConnectServer(
                 stack.work_dir / "connect", driver_memory=args.driver_memory,

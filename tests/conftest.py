@@ -28,7 +28,7 @@ def work_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def postgres(work_dir: Path) -> Iterator[object]:
-    from microbatch.dev.stack import LocalPostgres
+    from microbatch.dev.postgres import LocalPostgres
 
     server = LocalPostgres(work_dir / "postgres")
     server.start()
@@ -38,7 +38,7 @@ def postgres(work_dir: Path) -> Iterator[object]:
 
 @pytest.fixture(scope="session")
 def kafka(work_dir: Path) -> Iterator[object]:
-    from microbatch.dev.stack import KafkaBroker
+    from microbatch.dev.kafka import KafkaBroker
 
     broker = KafkaBroker(work_dir / "kafka")
     broker.start()
@@ -61,7 +61,7 @@ def ledger_url(postgres) -> str:
 @pytest.fixture
 def topic(kafka) -> str:
     """A fresh 4-partition topic for one test."""
-    from microbatch.dev.stack import create_topic
+    from microbatch.dev.kafka import create_topic
 
     name = f"t_{uuid.uuid4().hex[:10]}"
     create_topic(kafka.bootstrap_servers, name, 4)

@@ -134,7 +134,7 @@ def generate(
     """Produce sample nginx access-log lines into a topic (created if missing); their event times start now,
     or after the topic's latest line, so a second generation is never behind the first's watermark."""
     from microbatch.dev.datagen import generate_lines, next_start, produce_lines
-    from microbatch.dev.stack import create_topic
+    from microbatch.dev.kafka import create_topic
 
     bootstrap = _bootstrap()
     create_topic(bootstrap, topic, partitions)
@@ -479,7 +479,7 @@ def counts(limit: Annotated[int, typer.Option(min=1)] = 15) -> None:
 
 def _create_output_topics(pipeline: str) -> None:
     from microbatch.config import find_spec
-    from microbatch.dev.stack import create_topic
+    from microbatch.dev.kafka import create_topic
 
     for sink in find_spec(pipeline).kafka_sinks:
         create_topic(_bootstrap(), sink.topic, 4)
@@ -528,13 +528,14 @@ def demo(count: int = 10_000) -> None:
 def airflow() -> None:
     """Start the local services and `airflow standalone` with this project's dags/ and plugins/."""
     from microbatch.dev import stack as devstack
+    from microbatch.dev.kafka import create_topic
     from microbatch.ledger.database import migrate as run_migrate
 
     localenv.apply()
     env = devstack.up()
     os.environ.update(env)
     run_migrate(env["MICROBATCH_LEDGER_URL"])
-    devstack.create_topic(env["MICROBATCH_KAFKA_BOOTSTRAP"], "ip_count_source", 4)
+    create_topic(env["MICROBATCH_KAFKA_BOOTSTRAP"], "ip_count_source", 4)
     _create_output_topics("ip_count")
     port = os.environ.get("AIRFLOW__API__PORT", "8080")
     console.print(f"Airflow UI on http://127.0.0.1:{port} (AIRFLOW_HOME={os.environ['AIRFLOW_HOME']})")

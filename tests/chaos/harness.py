@@ -42,7 +42,8 @@ from sqlalchemy import text
 
 from microbatch.dev import localenv
 from microbatch.dev.datagen import LogLine, generate_lines, produce_lines
-from microbatch.dev.stack import KafkaBroker, LocalPostgres, create_topic
+from microbatch.dev.kafka import KafkaBroker, create_topic
+from microbatch.dev.postgres import LocalPostgres
 from microbatch.failpoints import ARMED_FILE, FAILPOINT_DIR_ENV
 from microbatch.ledger.database import get_engine, migrate, transaction
 from tests.e2e.helpers import (

@@ -17,7 +17,7 @@ import yaml
 from sqlalchemy import text
 
 from microbatch.dev.datagen import LogLine
-from microbatch.dev.stack import create_topic
+from microbatch.dev.kafka import create_topic
 from microbatch.ledger.database import transaction
 
 ROOT = Path(__file__).resolve().parents[2]

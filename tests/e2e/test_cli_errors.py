@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from microbatch.dev.stack import create_topic, free_port
+from microbatch.dev.kafka import create_topic
+from microbatch.dev.process import free_port
 
 pytestmark = pytest.mark.e2e
 

@@ -9,7 +9,7 @@ import urllib.request
 import pytest
 
 from microbatch.dev.datagen import generate_lines, produce_lines
-from microbatch.dev.stack import SparkStandalone
+from microbatch.dev.spark import SparkStandalone
 from tests.e2e.helpers import assert_exactly_once, run_pipeline, write_test_spec
 
 pytestmark = pytest.mark.e2e

@@ -14,7 +14,7 @@ import yaml
 from sqlalchemy import make_url, text
 
 from microbatch.dev.datagen import generate_lines, produce_lines
-from microbatch.dev.stack import SparkConnectServer
+from microbatch.dev.spark import SparkConnectServer
 from microbatch.ledger.database import transaction
 from tests.e2e.helpers import assert_exactly_once, run_pipeline, write_test_spec
 

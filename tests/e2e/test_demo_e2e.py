@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from kafka import KafkaConsumer, TopicPartition
 
-from microbatch.dev.stack import port_open
+from microbatch.dev.process import port_open
 
 pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).resolve().parents[2]

@@ -14,7 +14,7 @@ from kafka import KafkaConsumer, KafkaProducer
 from sqlalchemy import text
 
 from microbatch.dev.datagen import format_line
-from microbatch.dev.stack import KafkaBroker, create_topic
+from microbatch.dev.kafka import KafkaBroker, create_topic
 from microbatch.ledger.database import transaction
 from tests.e2e.helpers import (
     positions,

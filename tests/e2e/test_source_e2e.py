@@ -12,7 +12,7 @@ from kafka import KafkaAdminClient
 
 from microbatch.config import find_spec
 from microbatch.dev.datagen import generate_lines, produce_lines
-from microbatch.dev.stack import create_topic
+from microbatch.dev.kafka import create_topic
 from microbatch.phases.plan import plan_next_batch
 from tests.e2e.helpers import assert_exactly_once, run_pipeline, write_test_spec
 

@@ -26,7 +26,7 @@ import psutil
 import pytest
 from sqlalchemy import text
 
-from microbatch.dev.stack import free_port, port_open
+from microbatch.dev.process import free_port, port_open
 from microbatch.ledger.database import transaction
 from microbatch.runtime import cache_dir
 

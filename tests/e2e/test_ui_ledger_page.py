@@ -20,8 +20,8 @@ import pytest
 from sqlalchemy import text
 
 from microbatch.config import find_spec
+from microbatch.dev.airflow import AirflowStandalone
 from microbatch.dev.datagen import generate_lines, produce_lines
-from microbatch.dev.stack import AirflowStandalone
 from microbatch.ledger import repository as repo
 from microbatch.ledger.database import transaction
 from microbatch.ledger.models import BatchKind

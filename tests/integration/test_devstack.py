@@ -10,7 +10,9 @@ import pytest
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from sqlalchemy import create_engine, text
 
-from microbatch.dev.stack import KafkaBroker, LocalPostgres, create_topic, port_open
+from microbatch.dev.kafka import KafkaBroker, create_topic
+from microbatch.dev.postgres import LocalPostgres
+from microbatch.dev.process import port_open
 
 pytestmark = pytest.mark.integration
 

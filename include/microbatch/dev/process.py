@@ -1,0 +1,78 @@
+"""Processes and ports of the local stack: free ports, readiness waits, stopping process groups."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def port_open(port: int) -> bool:
+    """Whether something accepts TCP connections on 127.0.0.1:`port`."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.settimeout(0.5)
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+def alive(pid: int) -> bool:
+    """Whether a process with this pid exists (a zombie counts: it still holds its pid)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def children(pid: int) -> list[int]:
+    """The pids whose parent is `pid`, from /proc (empty where /proc is missing)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            found.append(int(stat.parent.name))
+    return found
+
+
+def wait_until(predicate: callable, timeout: float, what: str, log_file: Path | None = None) -> None:  # type: ignore[valid-type]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.3)
+    tail = ""
+    if log_file and log_file.exists():
+        tail = "\n".join(log_file.read_text(errors="replace").splitlines()[-30:])
+    raise RuntimeError(f"{what} did not become ready within {timeout:.0f}s.\n{tail}")
+
+
+
+def terminate_group(process: subprocess.Popen, timeout: float) -> None:
+    """SIGTERM the process group `process` leads (started with start_new_session), then SIGKILL it if
+    `process` has not exited within `timeout`."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGTERM)
+    try:
+        process.wait(timeout)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait(timeout)
