@@ -1,9 +1,12 @@
 """Ledger reads and writes. Every function takes the caller's session and never commits:
-the caller owns the one transaction (plan, stage bookkeeping, or the commit)."""
+the caller owns the one transaction (plan, stage bookkeeping, or the commit).
+
+Every write to `positions` is here, and nowhere else: the plan pins the start of new partitions
+(`pin_new_positions`), the commit advances by compare-and-set (`advance_position`), and an operator's
+reset moves one on the record (`reset_position`)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from typing import Any
 
 from sqlalchemy import select, text, update
@@ -11,7 +14,7 @@ from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
 from microbatch.config import PipelineSpec
-from microbatch.errors import MicrobatchError, ZombieAttemptError
+from microbatch.errors import ConcurrentCommitError, MicrobatchError, ZombieAttemptError
 from microbatch.ledger.models import (
     OPEN_STATES,
     Batch,
@@ -52,6 +55,89 @@ def read_positions(session: Session, pipeline_id: int) -> dict[TopicPartition, i
         select(Position.topic, Position.partition, Position.next_offset).where(Position.pipeline_id == pipeline_id)
     )
     return {TopicPartition(topic, partition): offset for topic, partition, offset in rows}
+
+
+def pin_new_positions(session: Session, pipeline_id: int, starts: dict[TopicPartition, int]) -> int:
+    """Record the resolved start of partitions the ledger has never seen, so the startup mode is applied once.
+
+    Only inserts (ON CONFLICT DO NOTHING): a known position is never moved here, only by the commit's
+    compare-and-set, which then finds `next_offset = start` as it expects. Returns the rows inserted.
+    """
+    if not starts:
+        return 0
+    return session.execute(
+        insert(Position)
+        .values([
+            {"pipeline_id": pipeline_id, "topic": tp.topic, "partition": tp.partition, "next_offset": offset}
+            for tp, offset in sorted(starts.items())
+        ])
+        .on_conflict_do_nothing()
+    ).rowcount
+
+
+def advance_position(
+    session: Session, pipeline_id: int, batch_id: int, tp: TopicPartition, start: int, end: int
+) -> int | None:
+    """The commit's compare-and-set: move one position from `start` to `end` (`... AND next_offset = :start`,
+    exactly one row), or give a partition the ledger has never seen its first row. Returns the offset it
+    moved from (None for a first row); ConcurrentCommitError if the position is not at `start`."""
+    params = {"p": pipeline_id, "t": tp.topic, "n": tp.partition, "start": start, "end": end, "b": batch_id}
+    moved = session.execute(
+        text(
+            "UPDATE positions SET next_offset = :end, last_batch_id = :b, updated_at = now() "
+            "WHERE pipeline_id = :p AND topic = :t AND partition = :n AND next_offset = :start"
+        ),
+        params,
+    ).rowcount
+    if moved == 1:
+        return start
+    inserted = session.execute(
+        text(
+            "INSERT INTO positions (pipeline_id, topic, partition, next_offset, last_batch_id) "
+            "VALUES (:p, :t, :n, :end, :b) ON CONFLICT DO NOTHING"
+        ),
+        params,
+    ).rowcount
+    if inserted == 1:
+        return None
+    current = session.execute(
+        text("SELECT next_offset FROM positions WHERE pipeline_id = :p AND topic = :t AND partition = :n"), params
+    ).scalar_one()
+    raise ConcurrentCommitError(
+        f"{tp}: the ledger position is {current}, not {start} as batch {batch_id} expected; "
+        "another batch committed these offsets first.",
+        fix="Nothing was written. Abandon this batch with `microbatch history` to inspect it.",
+    )
+
+
+def reset_position(
+    session: Session, pipeline_id: int, tp: TopicPartition, old: int | None, new: int, *, target: str, operator: str
+) -> None:
+    """An operator's move of one position, by compare-and-set from `old` (None: the ledger has no row yet),
+    exactly one row or ConcurrentCommitError. Offsets skipped forward become a gap; an audit row records it."""
+    params = {"p": pipeline_id, "t": tp.topic, "n": tp.partition, "old": old, "new": new}
+    if old is None:
+        changed = session.execute(
+            text("INSERT INTO positions (pipeline_id, topic, partition, next_offset) VALUES (:p, :t, :n, :new) "
+                 "ON CONFLICT DO NOTHING"), params).rowcount
+    else:
+        changed = session.execute(
+            text("UPDATE positions SET next_offset = :new, updated_at = now() WHERE pipeline_id = :p "
+                 "AND topic = :t AND partition = :n AND next_offset = :old"), params).rowcount
+    if changed != 1:
+        raise ConcurrentCommitError(f"reset: the position of {tp} changed since it was read.",
+                                    fix="Nothing was written. Run the reset again.")
+    if old is not None and new > old:
+        session.execute(
+            text("INSERT INTO gaps (pipeline_id, topic, partition, start_offset, end_offset, reason) "
+                 "VALUES (:p, :t, :n, :old, :new, :reason)"),
+            {**params, "reason": f"skipped by microbatch reset --to {target} ({operator})"},
+        )
+    session.execute(
+        text("INSERT INTO position_resets (pipeline_id, topic, partition, old_offset, new_offset, target, "
+             "operator) VALUES (:p, :t, :n, :old, :new, :target, :operator)"),
+        {**params, "target": target, "operator": operator},
+    )
 
 
 def find_open_batch(session: Session, pipeline_id: int, kind: BatchKind = BatchKind.SCHEDULED) -> Batch | None:
@@ -207,6 +293,23 @@ def open_ranges(session: Session, pipeline_id: int) -> list[tuple[int, str, Offs
     return [(row[0], row[1], OffsetRange(*row[2:])) for row in rows]
 
 
+def open_batch_ids(session: Session, pipeline_id: int) -> list[int]:
+    """Ids of the pipeline's planned or staged batches, of any kind, oldest first."""
+    return list(session.execute(
+        text("SELECT id FROM batches WHERE pipeline_id = :p AND state IN ('planned', 'staged') ORDER BY id"),
+        {"p": pipeline_id},
+    ).scalars())
+
+
+def committed_beyond(session: Session, pipeline_id: int, tp: TopicPartition, offset: int) -> bool:
+    """Whether a committed range of the partition ends after `offset` (moving back to it would re-read them)."""
+    return session.execute(
+        text("SELECT max(end_offset) FROM ranges WHERE pipeline_id = :p AND topic = :t AND partition = :n "
+             "AND committed AND end_offset > :o"),
+        {"p": pipeline_id, "t": tp.topic, "n": tp.partition, "o": offset},
+    ).scalar_one_or_none() is not None
+
+
 def batches_without_contributions(session: Session, batch_ids: list[int]) -> list[int]:
     """Committed batches whose per-partition contributions were not kept (committed before 0005)."""
     if not batch_ids:
@@ -225,30 +328,6 @@ def committed_gaps(session: Session, pipeline_id: int) -> list[Gap]:
                (Batch.state == BatchState.COMMITTED.value) | LedgerGap.batch_id.is_(None))
     ).scalars()
     return [Gap(g.topic, g.partition, g.start_offset, g.end_offset, g.reason) for g in rows]
-
-
-def recent_batches(session: Session, pipeline_id: int, limit: int = 20) -> Iterable[Batch]:
-    return session.scalars(
-        select(Batch).where(Batch.pipeline_id == pipeline_id).order_by(Batch.id.desc()).limit(limit)
-    )
-
-
-def pin_new_positions(session: Session, pipeline_id: int, starts: dict[TopicPartition, int]) -> int:
-    """Record the resolved start of partitions the ledger has never seen, so the startup mode is applied once.
-
-    Only inserts (ON CONFLICT DO NOTHING): a known position is never moved here, only by the commit's
-    compare-and-set, which then finds `next_offset = start` as it expects. Returns the rows inserted.
-    """
-    if not starts:
-        return 0
-    return session.execute(
-        insert(Position)
-        .values([
-            {"pipeline_id": pipeline_id, "topic": tp.topic, "partition": tp.partition, "next_offset": offset}
-            for tp, offset in sorted(starts.items())
-        ])
-        .on_conflict_do_nothing()
-    ).rowcount
 
 
 def seconds_since_last_batch(session: Session, pipeline_id: int) -> float:
