@@ -228,33 +228,7 @@ def _compare_and_set(
     session: Session, pipeline_id: int, batch_id: int, tp: TopicPartition, start: int, end: int
 ) -> int | None:
     """Move one position from `start` to `end`; a partition never seen before gets its first row."""
-    params = {"p": pipeline_id, "t": tp.topic, "n": tp.partition, "start": start, "end": end, "b": batch_id}
-    moved = session.execute(
-        text(
-            "UPDATE positions SET next_offset = :end, last_batch_id = :b, updated_at = now() "
-            "WHERE pipeline_id = :p AND topic = :t AND partition = :n AND next_offset = :start"
-        ),
-        params,
-    ).rowcount
-    if moved == 1:
-        return start
-    inserted = session.execute(
-        text(
-            "INSERT INTO positions (pipeline_id, topic, partition, next_offset, last_batch_id) "
-            "VALUES (:p, :t, :n, :end, :b) ON CONFLICT DO NOTHING"
-        ),
-        params,
-    ).rowcount
-    if inserted == 1:
-        return None
-    current = session.execute(
-        text("SELECT next_offset FROM positions WHERE pipeline_id = :p AND topic = :t AND partition = :n"), params
-    ).scalar_one()
-    raise ConcurrentCommitError(
-        f"{tp}: the ledger position is {current}, not {start} as batch {batch_id} expected; "
-        "another batch committed these offsets first.",
-        fix="Nothing was written. Abandon this batch with `microbatch history` to inspect it.",
-    )
+    return repo.advance_position(session, pipeline_id, batch_id, tp, start, end)
 
 
 def commit_batch(session: Session, spec: PipelineSpec, batch_id: int, run_id: str | None = None) -> CommitResult:
