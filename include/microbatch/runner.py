@@ -30,14 +30,21 @@ class RunOutcome:
 
 def ensure_airflow_db() -> None:
     """Create or upgrade Airflow's own metadata DB (sqlite under AIRFLOW_HOME) once."""
+    import fcntl
     import os
 
-    marker = Path(os.environ["AIRFLOW_HOME"]) / ".microbatch-db-migrated"
+    home = Path(os.environ["AIRFLOW_HOME"])
+    marker = home / ".microbatch-db-migrated"
     if marker.exists():
         return
-    subprocess.run([str(Path(sys.executable).parent / "airflow"), "db", "migrate"], check=True,
-                   stdout=subprocess.DEVNULL)
-    marker.touch()
+    # Two first runs at once (a scheduled run and a backfill) would both migrate a fresh sqlite file and the
+    # second fail with "table ... already exists": the first migrates, the other waits and then finds the marker.
+    with (home / ".microbatch-db-migrate.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not marker.exists():
+            subprocess.run([str(Path(sys.executable).parent / "airflow"), "db", "migrate"], check=True,
+                           stdout=subprocess.DEVNULL)
+            marker.touch()
 
 
 def run_once(pipeline: str, backfill: dict | None = None) -> RunOutcome:
