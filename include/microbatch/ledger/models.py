@@ -12,7 +12,6 @@ from sqlalchemy import (
     DateTime,
     ForeignKey,
     Integer,
-    LargeBinary,
     MetaData,
     Text,
     func,
@@ -143,22 +142,6 @@ class LedgerGap(Base):
     start_offset: Mapped[int] = mapped_column(BigInteger)
     end_offset: Mapped[int] = mapped_column(BigInteger)
     reason: Mapped[str] = mapped_column(Text)
-    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
-
-
-class DeadLetter(Base):
-    """A record the transform could not parse, with its source coordinates and raw bytes."""
-
-    __tablename__ = "dead_letters"
-
-    id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
-    pipeline_id: Mapped[int] = mapped_column(ForeignKey("pipelines.id"))
-    batch_id: Mapped[int] = mapped_column(ForeignKey("batches.id"))
-    topic: Mapped[str] = mapped_column(Text)
-    partition: Mapped[int] = mapped_column(Integer)
-    offset: Mapped[int] = mapped_column(BigInteger)
-    raw: Mapped[bytes | None] = mapped_column(LargeBinary)
-    error: Mapped[str] = mapped_column(Text)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
 
 
