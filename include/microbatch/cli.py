@@ -252,52 +252,25 @@ def reset(
     """Move positions once, on the record: refused while a batch is open; skipped offsets become a gap."""
     import getpass
 
-    from kafka import TopicPartition as KafkaTopicPartition
-
     from microbatch.config import find_spec
-    from microbatch.kafka.offsets import discover_partitions, offset_bounds, offsets_client, source_partitions
-    from microbatch.ledger import repository as repo
-    from microbatch.ledger.database import transaction
-    from microbatch.phases.reset import apply_moves, parse_offset, parse_time, plan_moves, resolve_target
+    from microbatch.phases.reset import apply_reset, check_target, plan_reset
 
-    if to not in ("earliest", "latest", "offset", "timestamp"):
-        raise SpecError(f"reset: --to '{to}' is not a target.", fix="Use earliest, latest, offset or timestamp.")
-    if to in ("offset", "timestamp") and value is None:
-        raise SpecError(f"reset --to {to} needs --value.", fix="Give the offset, or the time as ISO-8601.")
-    millis = int(parse_time(value).timestamp() * 1000) if to == "timestamp" else None  # type: ignore[arg-type]
-    if to == "offset":
-        parse_offset(value)  # type: ignore[arg-type]
+    check_target(to, value)  # a bad --to or --value is refused before anything is looked up
     spec = find_spec(pipeline)
-    with offsets_client(_bootstrap(), spec.source.isolation_level) as consumer:
-        partitions = [tp for tp in (discover_partitions(consumer, [topic]) if topic
-                                    else source_partitions(consumer, spec.source))
-                      if partition is None or tp.partition == partition]
-        if not partitions:
-            raise SpecError(f"reset: partition {partition} does not exist.", fix="Check --partition.")
-        earliest, latest = offset_bounds(consumer, partitions)
-        for_time = None
-        if millis is not None:
-            found = consumer.offsets_for_times({KafkaTopicPartition(tp.topic, tp.partition): millis
-                                                for tp in partitions})
-            for_time = {tp: (found[KafkaTopicPartition(tp.topic, tp.partition)] or None) and
-                        found[KafkaTopicPartition(tp.topic, tp.partition)].offset for tp in partitions}
-    new = resolve_target(to, value, earliest, latest, for_time)  # type: ignore[arg-type]
-    with transaction(_ledger_url()) as session:
-        pipeline_row = repo.ensure_pipeline(session, spec, lock=True)
-        moves = plan_moves(session, pipeline_row.id, new)
-        if not moves:
-            console.print("nothing to change: every position is already there")
-            return
-        table = Table(title=f"{pipeline}: reset --to {to}")
-        for column in ("partition", "from", "to", "skipped offsets"):
-            table.add_column(column)
-        for m in moves:
-            table.add_row(str(m.tp), "-" if m.old is None else str(m.old), str(m.new), str(m.skipped))
-        console.print(table)
-        if not yes and not typer.confirm("Apply this reset?"):
-            raise typer.Exit(1)
-        apply_moves(session, pipeline_row.id, moves, to, getpass.getuser())
-    console.print(f"reset applied to {len(moves)} partition(s); skipped offsets are recorded as gaps")
+    plan = plan_reset(spec, to, value, topic, partition, _bootstrap(), _ledger_url())
+    if not plan.moves:
+        console.print("nothing to change: every position is already there")
+        return
+    table = Table(title=f"{pipeline}: reset --to {to}")
+    for column in ("partition", "from", "to", "skipped offsets"):
+        table.add_column(column)
+    for m in plan.moves:
+        table.add_row(str(m.tp), "-" if m.old is None else str(m.old), str(m.new), str(m.skipped))
+    console.print(table)
+    if not yes and not typer.confirm("Apply this reset?"):
+        raise typer.Exit(1)
+    apply_reset(spec, plan, _ledger_url(), getpass.getuser())
+    console.print(f"reset applied to {len(plan.moves)} partition(s); skipped offsets are recorded as gaps")
 
 
 @app.command()

@@ -147,17 +147,26 @@ def startup_lookups(
         offsets = read_group_offsets(bootstrap_servers, group_id)
         committed = {tp: offsets.get(tp) for tp in partitions}
     if timestamp_ms is not None and partitions:
-        try:
-            found = consumer.offsets_for_times(
-                {KafkaTopicPartition(tp.topic, tp.partition): timestamp_ms for tp in partitions}, timeout_ms=_TIMEOUT_MS
-            )
-        except KafkaError as exc:
-            raise TransientServiceError(f"Kafka did not return offsets for times ({type(exc).__name__}).") from None
-        for_time = {
-            TopicPartition(ktp.topic, ktp.partition): (None if hit is None else hit.offset)
-            for ktp, hit in found.items()
-        }
+        for_time = offsets_for_time(consumer, partitions, timestamp_ms)
     return StartupOffsets(committed=committed, for_time=for_time)
+
+
+def offsets_for_time(
+    consumer: KafkaConsumer, partitions: Iterable[TopicPartition], millis: int
+) -> dict[TopicPartition, int | None]:
+    """The first offset of each partition whose record timestamp is at or after `millis` (epoch ms);
+    None for a partition with no such record. The only place that asks Kafka for offsets by time."""
+    wanted = list(partitions)
+    if not wanted:
+        return {}
+    try:
+        found = consumer.offsets_for_times(
+            {KafkaTopicPartition(tp.topic, tp.partition): millis for tp in wanted}, timeout_ms=_TIMEOUT_MS
+        )
+    except KafkaError as exc:
+        raise TransientServiceError(f"Kafka did not return offsets for times ({type(exc).__name__}).") from None
+    hits = {TopicPartition(ktp.topic, ktp.partition): hit for ktp, hit in found.items()}
+    return {tp: None if hits.get(tp) is None else hits[tp].offset for tp in wanted}
 
 
 def read_group_offsets(bootstrap_servers: str, group_id: str) -> dict[TopicPartition, int]:

@@ -12,8 +12,9 @@ A backfill never moves the scheduled cursor.
 Overlap is checked again inside the commit transaction and enforced by the exclusion constraint.
 A request that overlaps a batch still open is refused until that batch ends.
 
-The pure part (`BackfillParams`, `subtract`, `plan_fill`, `plan_replay`) does no I/O;
-`plan_backfill` reads the ledger and the broker and inserts the batches.
+The sub-range planning itself (`plan_fill`, `plan_replay`) is pure and lives in `planning.py`; here are
+the parameters (`BackfillParams`, `parse_params`) and `plan_backfill`, which resolves the request on the
+broker, reads the ledger and inserts the batches.
 """
 
 from __future__ import annotations
@@ -26,14 +27,22 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Literal
 
+from kafka import KafkaConsumer
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
+from sqlalchemy import text
+from sqlalchemy.orm import Session
 
 from microbatch.config import PipelineSpec
 from microbatch.errors import SpecError, first_validation_error
+from microbatch.kafka.offsets import discover_partitions, offset_bounds, offsets_client, offsets_for_time
+from microbatch.ledger import repository as repo
+from microbatch.ledger.database import transaction
+from microbatch.ledger.models import BatchKind, Pipeline
 from microbatch.planning import FillPlan, ReplayPlan, layers, open_overlaps, plan_fill, plan_replay
-from microbatch.types import OffsetRange, Plan, TopicPartition
+from microbatch.types import CommittedRange, OffsetRange, Plan, TopicPartition
 
 log = logging.getLogger(__name__)
+TimeOffsets = dict[TopicPartition, int | None]
 
 
 class BackfillParams(BaseModel):
@@ -104,73 +113,96 @@ def plan_backfill(
     airflow_run_id: str | None = None,
 ) -> BackfillOutcome:
     """Validate, resolve times, plan the fill, and (unless dry run) insert one backfill batch per layer."""
-    from kafka import TopicPartition as KafkaTopicPartition
-
-    from microbatch.kafka.offsets import discover_partitions, offset_bounds, offsets_client
-    from microbatch.ledger import repository as repo
-    from microbatch.ledger.database import transaction
-    from microbatch.ledger.models import BatchKind
-
     params = parse_params(spec, raw_params)
-    with offsets_client(bootstrap_servers, spec.source.isolation_level) as consumer:
-        known = [tp for tp in discover_partitions(consumer, [params.topic])]
-        wanted = known if params.partitions == "all" else [TopicPartition(params.topic, p) for p in params.partitions]
-        unknown = sorted(set(wanted) - set(known))
-        if unknown:
-            raise SpecError(
-                f"Backfill parameter 'partitions': {', '.join(str(tp) for tp in unknown)} does not exist.",
-                fix=f"{params.topic} has partitions 0..{len(known) - 1}.",
-            )
-        earliest, latest = offset_bounds(consumer, wanted)
-        bounds: dict[TopicPartition, tuple[int, int]] = {}
-        no_offset_for_start = 0
-        for tp in wanted:
-            if isinstance(params.start, datetime):
-                ktp = KafkaTopicPartition(tp.topic, tp.partition)
-                first = consumer.offsets_for_times({ktp: _epoch_ms(params.start)})[ktp]
-                no_offset_for_start += first is None
-                start = first.offset if first else latest[tp]
-                end = latest[tp]
-                if params.end != "latest":
-                    last = consumer.offsets_for_times({ktp: _epoch_ms(params.end)})[ktp]  # type: ignore[arg-type]
-                    end = last.offset if last else latest[tp]
-            else:
-                start = int(params.start)  # type: ignore[arg-type]
-                end = latest[tp] if params.end == "latest" else int(params.end)  # type: ignore[arg-type]
-                if end > latest[tp]:
-                    raise SpecError(
-                        f"Backfill parameter 'end': {end} is beyond the latest offset of {tp} ({latest[tp]}).",
-                        fix="Use an end at or below it, or end 'latest' to go up to each partition's end.",
-                    )
-            if start < earliest[tp] and start < end:
-                raise SpecError(
-                    f"Backfill range {tp} [{start}, {end}) starts before the earliest offset Kafka still holds "
-                    f"({earliest[tp]}): those records were deleted by retention.",
-                    fix=f"Start at {earliest[tp]} or later.",
-                )
-            bounds[tp] = (start, end)
-        if wanted and no_offset_for_start == len(wanted):
-            raise SpecError(
-                f"Backfill parameter 'start': no record of {params.topic} has a timestamp at or after "
-                f"{params.start}, so the time resolves to no offset.",
-                fix="Pick an earlier start time, or give offsets.",
-            )
-    requests = [OffsetRange(tp.topic, tp.partition, s, e) for tp, (s, e) in sorted(bounds.items()) if e > s]
+    requests = _requested_ranges(params, spec.source.isolation_level, bootstrap_servers)
     with transaction(ledger_url) as session:
         pipeline = repo.ensure_pipeline(session, spec, lock=True)
-        positions = repo.read_positions(session, pipeline.id)
         if params.mode == "replay":
             return _plan_replay(session, spec, pipeline, params, requests, airflow_run_id)
-        committed = repo.committed_ranges(session, pipeline.id)
-        fill = plan_fill(requests, committed, positions)
-        _refuse_open_overlaps(spec.name, fill.todo, repo.open_ranges(session, pipeline.id))
-        batch_ids: list[int] = []
-        if not params.dry_run:
-            for group in layers(fill.todo):
-                batch = repo.insert_batch(session, pipeline, Plan(ranges=tuple(group)), kind=BatchKind.BACKFILL,
-                                          airflow_run_id=airflow_run_id)
-                batch.state_before = {}  # history: no watermark, so nothing in it is late
-                batch_ids.append(batch.id)
+        return _plan_fill(session, spec, pipeline, params, requests, airflow_run_id)
+
+
+def _requested_ranges(params: BackfillParams, isolation_level: str, bootstrap_servers: str) -> list[OffsetRange]:
+    """The request as one offset range per partition, times resolved on the broker. Refused (SpecError) for a
+    partition that does not exist, an end beyond the latest offset, a start before the earliest offset Kafka
+    still holds, or a start time after every record of the topic."""
+    with offsets_client(bootstrap_servers, isolation_level) as consumer:
+        wanted = _wanted_partitions(consumer, params)
+        earliest, latest = offset_bounds(consumer, wanted)
+        starts, ends = _resolve_times(consumer, params, wanted)
+    bounds: dict[TopicPartition, tuple[int, int]] = {}
+    for tp in wanted:
+        start, end = _partition_bounds(params, tp, latest[tp], starts, ends)
+        if start < earliest[tp] and start < end:
+            raise SpecError(
+                f"Backfill range {tp} [{start}, {end}) starts before the earliest offset Kafka still holds "
+                f"({earliest[tp]}): those records were deleted by retention.",
+                fix=f"Start at {earliest[tp]} or later.",
+            )
+        bounds[tp] = (start, end)
+    if starts is not None and wanted and all(starts[tp] is None for tp in wanted):
+        raise SpecError(
+            f"Backfill parameter 'start': no record of {params.topic} has a timestamp at or after "
+            f"{params.start}, so the time resolves to no offset.",
+            fix="Pick an earlier start time, or give offsets.",
+        )
+    return [OffsetRange(tp.topic, tp.partition, s, e) for tp, (s, e) in sorted(bounds.items()) if e > s]
+
+
+def _wanted_partitions(consumer: KafkaConsumer, params: BackfillParams) -> list[TopicPartition]:
+    known = discover_partitions(consumer, [params.topic])
+    wanted = known if params.partitions == "all" else [TopicPartition(params.topic, p) for p in params.partitions]
+    unknown = sorted(set(wanted) - set(known))
+    if unknown:
+        raise SpecError(
+            f"Backfill parameter 'partitions': {', '.join(str(tp) for tp in unknown)} does not exist.",
+            fix=f"{params.topic} has partitions 0..{len(known) - 1}.",
+        )
+    return wanted
+
+
+def _resolve_times(
+    consumer: KafkaConsumer, params: BackfillParams, wanted: list[TopicPartition]
+) -> tuple[TimeOffsets | None, TimeOffsets | None]:
+    """The offsets of a time range's start and end (None for an offset range, and for end 'latest')."""
+    if not isinstance(params.start, datetime):
+        return None, None
+    starts = offsets_for_time(consumer, wanted, _epoch_ms(params.start))
+    if params.end == "latest":
+        return starts, None
+    return starts, offsets_for_time(consumer, wanted, _epoch_ms(params.end))  # type: ignore[arg-type]
+
+
+def _partition_bounds(
+    params: BackfillParams, tp: TopicPartition, latest: int, starts: TimeOffsets | None, ends: TimeOffsets | None
+) -> tuple[int, int]:
+    """[start, end) of one partition; a time with no record at or after it resolves to the latest offset."""
+    if starts is not None:
+        start = starts[tp]
+        end = None if ends is None else ends[tp]
+        return (latest if start is None else start), (latest if end is None else end)
+    start = int(params.start)  # type: ignore[arg-type]
+    end = latest if params.end == "latest" else int(params.end)  # type: ignore[arg-type]
+    if end > latest:
+        raise SpecError(
+            f"Backfill parameter 'end': {end} is beyond the latest offset of {tp} ({latest}).",
+            fix="Use an end at or below it, or end 'latest' to go up to each partition's end.",
+        )
+    return start, end
+
+
+def _plan_fill(session: Session, spec: PipelineSpec, pipeline: Pipeline, params: BackfillParams,
+               requests: list[OffsetRange], airflow_run_id: str | None) -> BackfillOutcome:
+    positions = repo.read_positions(session, pipeline.id)
+    fill = plan_fill(requests, repo.committed_ranges(session, pipeline.id), positions)
+    _refuse_open_overlaps(spec.name, fill.todo, repo.open_ranges(session, pipeline.id))
+    batch_ids: list[int] = []
+    if not params.dry_run:
+        for group in layers(fill.todo):
+            batch = repo.insert_batch(session, pipeline, Plan(ranges=tuple(group)), kind=BatchKind.BACKFILL,
+                                      airflow_run_id=airflow_run_id)
+            batch.state_before = {}  # history: no watermark, so nothing in it is late
+            batch_ids.append(batch.id)
     return BackfillOutcome(params, requests, fill, batch_ids)
 
 
@@ -187,13 +219,8 @@ def _refuse_open_overlaps(
         )
 
 
-def _plan_replay(session, spec: PipelineSpec, pipeline, params: BackfillParams,  # noqa: ANN001
+def _plan_replay(session: Session, spec: PipelineSpec, pipeline: Pipeline, params: BackfillParams,
                  requests: list[OffsetRange], airflow_run_id: str | None) -> BackfillOutcome:
-    from sqlalchemy import text
-
-    from microbatch.ledger import repository as repo
-    from microbatch.ledger.models import BatchKind
-
     replay = plan_replay(requests, repo.committed_range_rows(session, pipeline.id))
     if replay.never_committed:
         first = replay.never_committed[0]
@@ -211,8 +238,25 @@ def _plan_replay(session, spec: PipelineSpec, pipeline, params: BackfillParams, 
             "kept (migration 0005), so its output cannot be retracted.",
             fix="Replay only ranges committed since that upgrade (`microbatch history`).",
         )
+    affected = _affected_rows(session, spec, replay.replace)
+    batch_ids: list[int] = []
+    if not params.dry_run:
+        for original_id, replaced in groups.items():
+            original = repo.get_batch(session, original_id)
+            batch = repo.insert_batch(session, pipeline, Plan(ranges=tuple(c.range for c in replaced)),
+                                      kind=BatchKind.REPLAY, airflow_run_id=airflow_run_id)
+            batch.state_before = dict(original.state_before or {})  # replay from the original's state
+            batch.replaces = [c.range_id for c in replaced]
+            batch_ids.append(batch.id)
+    return BackfillOutcome(params, requests, FillPlan(), batch_ids, replay=replay, affected_rows=affected)
+
+
+def _affected_rows(
+    session: Session, spec: PipelineSpec, replace: list[CommittedRange]
+) -> dict[str, tuple[int, object, object]]:
+    """Per aggregate sink: the rows whose contribution a replay replaces, and the windows they span."""
     affected: dict[str, tuple[int, object, object]] = {}
-    keys = [{"b": c.batch_id, "t": c.range.topic, "n": c.range.partition} for c in replay.replace]
+    keys = [{"b": c.batch_id, "t": c.range.topic, "n": c.range.partition} for c in replace]
     for sink in spec.aggregate_sinks:
         if not keys:
             break
@@ -225,16 +269,7 @@ def _plan_replay(session, spec: PipelineSpec, pipeline, params: BackfillParams, 
             {"keys": json.dumps(keys)},
         ).one()
         affected[sink.name] = (rows, low, high)
-    batch_ids: list[int] = []
-    if not params.dry_run:
-        for original_id, replaced in groups.items():
-            original = repo.get_batch(session, original_id)
-            batch = repo.insert_batch(session, pipeline, Plan(ranges=tuple(c.range for c in replaced)),
-                                      kind=BatchKind.REPLAY, airflow_run_id=airflow_run_id)
-            batch.state_before = dict(original.state_before or {})  # replay from the original's state
-            batch.replaces = [c.range_id for c in replaced]
-            batch_ids.append(batch.id)
-    return BackfillOutcome(params, requests, FillPlan(), batch_ids, replay=replay, affected_rows=affected)
+    return affected
 
 
 def _epoch_ms(value: datetime) -> int:

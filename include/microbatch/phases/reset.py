@@ -4,6 +4,9 @@ A reset is refused while any batch is open. Moving forward skips offsets: they a
 gap, so the audit still accounts for every offset. Moving back over committed offsets is refused
 (they would be processed twice). Each move is a compare-and-set from the position the operator
 confirmed, with an audit row, so it applies exactly once.
+
+`plan_reset` does the broker look-ups and the ledger checks and writes nothing; `apply_reset` writes the
+confirmed moves. The CLI only takes the arguments, shows the plan and asks.
 """
 
 from __future__ import annotations
@@ -12,13 +15,23 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Literal
 
-from sqlalchemy import text
 from sqlalchemy.orm import Session
 
-from microbatch.errors import ConcurrentCommitError, SpecError
+from microbatch.config import PipelineSpec
+from microbatch.errors import SpecError
+from microbatch.kafka.offsets import (
+    discover_partitions,
+    offset_bounds,
+    offsets_client,
+    offsets_for_time,
+    source_partitions,
+)
+from microbatch.ledger import repository as repo
+from microbatch.ledger.database import transaction
 from microbatch.types import TopicPartition
 
 Target = Literal["earliest", "latest", "offset", "timestamp"]
+TARGETS: tuple[Target, ...] = ("earliest", "latest", "offset", "timestamp")
 
 
 @dataclass(frozen=True)
@@ -30,6 +43,78 @@ class ResetMove:
     @property
     def skipped(self) -> int:
         return max(0, self.new - (self.old if self.old is not None else self.new))
+
+
+@dataclass(frozen=True)
+class ResetPlan:
+    """What a reset would do: the position the target resolves to on the broker, and the moves from the ledger's."""
+
+    target: Target
+    new: dict[TopicPartition, int]
+    moves: list[ResetMove]
+
+
+def check_target(to: str, value: str | None) -> None:
+    """Refuse a bad `--to` or `--value` before anything is looked up (SpecError, one sentence)."""
+    if to not in TARGETS:
+        raise SpecError(f"reset: --to '{to}' is not a target.", fix="Use earliest, latest, offset or timestamp.")
+    if to in ("offset", "timestamp") and value is None:
+        raise SpecError(f"reset --to {to} needs --value.", fix="Give the offset, or the time as ISO-8601.")
+    if to == "timestamp":
+        parse_time(value)  # type: ignore[arg-type]
+    if to == "offset":
+        parse_offset(value)  # type: ignore[arg-type]
+
+
+def plan_reset(
+    spec: PipelineSpec,
+    to: str,
+    value: str | None,
+    topic: str | None,
+    partition: int | None,
+    bootstrap_servers: str,
+    ledger_url: str,
+) -> ResetPlan:
+    """Resolve the target on the broker (one topic or the pipeline's, one partition or all) and check it
+    against the ledger; nothing is written."""
+    check_target(to, value)
+    target: Target = to  # type: ignore[assignment]
+    new = _resolve_on_broker(spec, target, value, topic, partition, bootstrap_servers)
+    with transaction(ledger_url) as session:
+        pipeline = repo.get_pipeline(session, spec.name)
+        if pipeline is None:  # never ran: every partition gets its first position
+            return ResetPlan(target, new, [ResetMove(tp, None, offset) for tp, offset in sorted(new.items())])
+        return ResetPlan(target, new, plan_moves(session, pipeline.id, new))
+
+
+def apply_reset(spec: PipelineSpec, plan: ResetPlan, ledger_url: str, operator: str) -> None:
+    """Apply the moves the operator confirmed, exactly once, in one transaction under the pipeline's lock:
+    the checks run again (a batch opened since is refused), then each move is a compare-and-set from the
+    position that was shown, with its gap and audit row."""
+    with transaction(ledger_url) as session:
+        pipeline = repo.ensure_pipeline(session, spec, lock=True)
+        plan_moves(session, pipeline.id, {move.tp: move.new for move in plan.moves})
+        for move in plan.moves:
+            repo.reset_position(session, pipeline.id, move.tp, move.old, move.new,
+                                target=plan.target, operator=operator)
+
+
+def _resolve_on_broker(
+    spec: PipelineSpec, target: Target, value: str | None, topic: str | None, partition: int | None,
+    bootstrap_servers: str,
+) -> dict[TopicPartition, int]:
+    with offsets_client(bootstrap_servers, spec.source.isolation_level) as consumer:
+        partitions = [tp for tp in (discover_partitions(consumer, [topic]) if topic
+                                    else source_partitions(consumer, spec.source))
+                      if partition is None or tp.partition == partition]
+        if not partitions:
+            raise SpecError(f"reset: partition {partition} does not exist.", fix="Check --partition.")
+        earliest, latest = offset_bounds(consumer, partitions)
+        for_time = None
+        if target == "timestamp":
+            millis = int(parse_time(value).timestamp() * 1000)  # type: ignore[arg-type]
+            for_time = offsets_for_time(consumer, partitions, millis)
+    return resolve_target(target, value, earliest, latest, for_time)
 
 
 def resolve_target(
@@ -63,64 +148,25 @@ def resolve_target(
 
 def plan_moves(session: Session, pipeline_id: int, new: dict[TopicPartition, int]) -> list[ResetMove]:
     """Check the reset against the ledger and return the moves; nothing is written."""
-    open_batches = session.execute(
-        text("SELECT id FROM batches WHERE pipeline_id = :p AND state IN ('planned', 'staged') ORDER BY id"),
-        {"p": pipeline_id},
-    ).scalars().all()
+    open_batches = repo.open_batch_ids(session, pipeline_id)
     if open_batches:
         raise SpecError(
             f"reset refused: batch(es) {', '.join(map(str, open_batches))} are still open.",
             fix="Let them commit (or fail) first, then reset.",
         )
+    positions = repo.read_positions(session, pipeline_id)
     moves = []
     for tp, offset in sorted(new.items()):
-        old = session.execute(
-            text("SELECT next_offset FROM positions WHERE pipeline_id = :p AND topic = :t AND partition = :n"),
-            {"p": pipeline_id, "t": tp.topic, "n": tp.partition},
-        ).scalar_one_or_none()
-        if old is not None and offset < old:
-            committed_end = session.execute(
-                text("SELECT max(end_offset) FROM ranges WHERE pipeline_id = :p AND topic = :t AND partition = :n "
-                     "AND committed AND end_offset > :o"),
-                {"p": pipeline_id, "t": tp.topic, "n": tp.partition, "o": offset},
-            ).scalar_one_or_none()
-            if committed_end is not None:
-                raise SpecError(
-                    f"reset refused: {tp} offsets [{offset}, {old}) are already committed; moving back would "
-                    "process them twice.",
-                    fix="Reset forward only, or backfill the offsets you need.",
-                )
+        old = positions.get(tp)
+        if old is not None and offset < old and repo.committed_beyond(session, pipeline_id, tp, offset):
+            raise SpecError(
+                f"reset refused: {tp} offsets [{offset}, {old}) are already committed; moving back would "
+                "process them twice.",
+                fix="Reset forward only, or backfill the offsets you need.",
+            )
         if old != offset:
             moves.append(ResetMove(tp, old, offset))
     return moves
-
-
-def apply_moves(session: Session, pipeline_id: int, moves: list[ResetMove], target: str, operator: str) -> None:
-    """Compare-and-set each move, record skipped offsets as a gap, and write the audit rows."""
-    for move in moves:
-        params = {"p": pipeline_id, "t": move.tp.topic, "n": move.tp.partition, "old": move.old, "new": move.new}
-        if move.old is None:
-            changed = session.execute(
-                text("INSERT INTO positions (pipeline_id, topic, partition, next_offset) VALUES (:p, :t, :n, :new) "
-                     "ON CONFLICT DO NOTHING"), params).rowcount
-        else:
-            changed = session.execute(
-                text("UPDATE positions SET next_offset = :new, updated_at = now() WHERE pipeline_id = :p "
-                     "AND topic = :t AND partition = :n AND next_offset = :old"), params).rowcount
-        if changed != 1:
-            raise ConcurrentCommitError(f"reset: the position of {move.tp} changed since it was read.",
-                                        fix="Nothing was written. Run the reset again.")
-        if move.old is not None and move.new > move.old:
-            session.execute(
-                text("INSERT INTO gaps (pipeline_id, topic, partition, start_offset, end_offset, reason) "
-                     "VALUES (:p, :t, :n, :old, :new, :reason)"),
-                {**params, "reason": f"skipped by microbatch reset --to {target} ({operator})"},
-            )
-        session.execute(
-            text("INSERT INTO position_resets (pipeline_id, topic, partition, old_offset, new_offset, target, "
-                 "operator) VALUES (:p, :t, :n, :old, :new, :target, :operator)"),
-            {**params, "target": target, "operator": operator},
-        )
 
 
 def parse_offset(value: str) -> int:
