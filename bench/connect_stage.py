@@ -14,9 +14,8 @@ import time
 
 STARTED = time.monotonic()
 
+from microbatch import settings  # noqa: E402
 from microbatch.config import find_spec  # noqa: E402
-from microbatch.kafka.offsets import bootstrap_from_env  # noqa: E402
-from microbatch.ledger.database import ledger_url_from_env  # noqa: E402
 from microbatch.phases.stage import connect_session, stage_batches  # noqa: E402
 
 
@@ -28,7 +27,8 @@ def main(argv: list[str]) -> int:
     spark = connect_session(os.environ["SPARK_REMOTE"], spec.spark.conf)
     connected = time.monotonic() - t0
     t1 = time.monotonic()
-    results = stage_batches(spark, spec, [int(argv[1])], ledger_url_from_env(), bootstrap_from_env())
+    results = stage_batches(spark, spec, [int(argv[1])], settings.ledger_url(),
+                            settings.kafka_settings().bootstrap_servers)
     staged = time.monotonic() - t1
     result = results[0] if results else None
     print("BENCH:" + json.dumps({"import_s": round(imported, 3), "connect_s": round(connected, 3),

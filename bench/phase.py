@@ -13,21 +13,21 @@ import time
 
 STARTED = time.monotonic()
 
+from microbatch import settings  # noqa: E402
 from microbatch.config import find_spec  # noqa: E402
-from microbatch.kafka.offsets import bootstrap_from_env  # noqa: E402
-from microbatch.ledger.database import ledger_url_from_env, transaction  # noqa: E402
+from microbatch.ledger.database import transaction  # noqa: E402
 
 
 def main(argv: list[str]) -> int:
     imported = time.monotonic() - STARTED
     what, pipeline = argv[0], argv[1]
     spec = find_spec(pipeline)
-    url = ledger_url_from_env()
+    url = settings.ledger_url()
     if what == "plan":
         from microbatch.phases.plan import plan_next_batch
 
         t0 = time.monotonic()
-        outcome = plan_next_batch(spec, url, bootstrap_from_env())
+        outcome = plan_next_batch(spec, url, settings.kafka_settings().bootstrap_servers)
         out = {"batch_id": outcome.batch_id, "records": outcome.records, "ranges": len(outcome.ranges),
                "seconds": round(time.monotonic() - t0, 4)}
     elif what == "commit":

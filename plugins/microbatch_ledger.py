@@ -2,7 +2,8 @@
 
 Thin on purpose: the page lives in `microbatch.ui`. This file only wires Airflow into it: the
 auth dependency (the caller must be logged in and allowed to read DAG runs, like the Runs pages)
-and the connection resolvers. Importing it touches neither the network nor a database.
+and the connections (the environment first, then Airflow's, through `microbatch.airflow.hooks`).
+Importing it touches neither the network nor a database.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from airflow.api_fastapi.auth.managers.models.resource_details import DagAccessE
 from airflow.api_fastapi.core_api.security import requires_access_dag
 from airflow.plugins_manager import AirflowPlugin
 
-from microbatch.airflow.dags import kafka_bootstrap, ledger_url
+from microbatch.airflow.hooks import kafka_settings, ledger_url
 from microbatch.ui import PAGE_PATH, LedgerSources, create_app
 
 URL_PREFIX = "/microbatch"
@@ -24,7 +25,7 @@ def _login_url(next_url: str) -> str:
 
 
 ledger_app = create_app(
-    LedgerSources(ledger_url=ledger_url, kafka_bootstrap=kafka_bootstrap),
+    LedgerSources(ledger_url=ledger_url, kafka_settings=kafka_settings),
     auth=requires_access_dag("GET", DagAccessEntity.RUN),
     login_url=_login_url,
 )

@@ -18,10 +18,10 @@ import sys
 from pyspark.sql import SparkSession
 from sqlalchemy.exc import OperationalError
 
+from microbatch import settings
 from microbatch.config import decode_spec, find_spec
 from microbatch.errors import MicrobatchError, SpecError, StageFailedError
-from microbatch.kafka.offsets import bootstrap_from_env
-from microbatch.ledger.database import ledger_url_from_env, unreachable
+from microbatch.ledger.database import unreachable
 from microbatch.phases.stage import stage_batches
 
 log = logging.getLogger("microbatch.stage")
@@ -41,8 +41,8 @@ def main(argv: list[str] | None = None) -> int:
         if spec.name != args.pipeline:
             raise SpecError(f"--spec holds the pipeline '{spec.name}', not '{args.pipeline}'.",
                             fix="Pass the spec of the pipeline named by --pipeline.")
-        ledger_url = ledger_url_from_env()
-        bootstrap = bootstrap_from_env()
+        ledger_url = settings.ledger_url()
+        bootstrap = settings.kafka_settings().bootstrap_servers  # the Kafka source reads the security variables
         batch_ids = [int(part) for part in str(args.batch_id).split(",") if part.strip()]
         spark = SparkSession.builder.appName(f"microbatch-{spec.name}-batch-{args.batch_id}").getOrCreate()
         spark.sparkContext.setLogLevel("WARN")

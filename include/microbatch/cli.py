@@ -23,6 +23,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from microbatch import settings
 from microbatch.dev import localenv
 from microbatch.errors import MicrobatchError, SpecError
 from microbatch.runtime import cache_dir
@@ -35,15 +36,11 @@ JsonFlag = Annotated[bool, typer.Option("--json", help="Print JSON instead of a 
 
 
 def _ledger_url() -> str:
-    from microbatch.ledger.database import ledger_url_from_env
-
-    return ledger_url_from_env()
+    return settings.ledger_url()  # no lookup: the environment, where use_running_stack() put the local stack
 
 
 def _bootstrap() -> str:
-    from microbatch.kafka.offsets import bootstrap_from_env
-
-    return bootstrap_from_env()
+    return settings.kafka_settings().bootstrap_servers  # clients read the security variables themselves
 
 
 def _fail(exc: MicrobatchError) -> None:
@@ -524,7 +521,7 @@ def main() -> None:
     from sqlalchemy.exc import OperationalError, ProgrammingError
 
     from microbatch.kafka.offsets import broker_unreachable
-    from microbatch.ledger.database import LEDGER_URL_ENV, unreachable
+    from microbatch.ledger.database import unreachable
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     _quiet_clients()
@@ -535,13 +532,13 @@ def main() -> None:
     except MicrobatchError as exc:
         _print_error(exc)
     except OperationalError as exc:
-        _print_error(unreachable(os.environ.get(LEDGER_URL_ENV, ""), exc))
+        _print_error(unreachable(os.environ.get(settings.LEDGER_URL_ENV, ""), exc))
     except ProgrammingError as exc:
         reason = str(exc.orig).strip().splitlines()[0]
         _print_error(MicrobatchError(f"The ledger database does not have the tables this needs ({reason}).",
                                      fix="Create or upgrade them with `microbatch migrate`."))
     except KafkaError:
-        _print_error(broker_unreachable(os.environ.get("MICROBATCH_KAFKA_BOOTSTRAP", "")))
+        _print_error(broker_unreachable(os.environ.get(settings.BOOTSTRAP_ENV, "")))
 
 
 def _print_error(exc: MicrobatchError) -> None:

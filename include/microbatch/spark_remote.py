@@ -11,9 +11,8 @@ import socket
 from urllib.parse import urlsplit
 
 from microbatch.errors import ConnectionSettingsError, TransientServiceError
+from microbatch.settings import SPARK_CONNECT_DEFAULT_PORT, SPARK_REMOTE_ENV
 
-SPARK_REMOTE_ENV = "MICROBATCH_SPARK_REMOTE"
-DEFAULT_PORT = 15002  # Spark Connect's default gRPC port
 START_HINT = ("Start it (`make connect`, or `python -m microbatch.dev.stack connect`; on a Spark host "
               "`start-connect-server.sh`)")
 
@@ -22,7 +21,7 @@ def host_port(remote: str) -> tuple[str, int]:
     """The host and port of an `sc://HOST[:PORT][/;params]` URL; raise ConnectionSettingsError otherwise."""
     try:
         parts = urlsplit(remote.strip())
-        port = parts.port or DEFAULT_PORT
+        port = parts.port or SPARK_CONNECT_DEFAULT_PORT
     except ValueError:
         parts, port = None, 0
     if parts is None or parts.scheme != "sc" or not parts.hostname:
@@ -38,7 +37,7 @@ def display(remote: str) -> str:
     try:
         parts = urlsplit(remote.strip())
         if parts.scheme == "sc" and parts.hostname:
-            return f"sc://{parts.hostname}:{parts.port or DEFAULT_PORT}"
+            return f"sc://{parts.hostname}:{parts.port or SPARK_CONNECT_DEFAULT_PORT}"
     except ValueError:
         pass
     return "(unparseable)"

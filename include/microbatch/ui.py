@@ -25,9 +25,11 @@ from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Resp
 from sqlalchemy.exc import OperationalError
 
 from microbatch.errors import MicrobatchError
+from microbatch.kafka.security import security_scope
 from microbatch.ledger import queries
 from microbatch.ledger.database import transaction, unreachable
 from microbatch.ledger.models import BACKFILL_KINDS
+from microbatch.settings import KafkaSettings
 from microbatch.types import TopicPartition
 
 log = logging.getLogger(__name__)
@@ -42,7 +44,7 @@ class LedgerSources:
     """Where the page reads from; resolved on each request, never when the app is built."""
 
     ledger_url: Callable[[], str]
-    kafka_bootstrap: Callable[[str], str]  # source.connection -> "host:port,..."
+    kafka_settings: Callable[[str], KafkaSettings]  # source.connection -> its servers and security
     kafka_timeout_s: float = 3.0
     batch_limit: int = 20
     gap_limit: int = 50
@@ -104,10 +106,11 @@ def latest_offsets(pipeline: str, sources: LedgerSources) -> dict[TopicPartition
     from microbatch.kafka.offsets import offset_bounds, offsets_client, source_partitions
 
     spec = find_spec(pipeline)
-    bootstrap = sources.kafka_bootstrap(spec.source.connection)
-    if not _any_reachable(bootstrap, sources.kafka_timeout_s):
-        raise MicrobatchError(f"No Kafka broker answered at {bootstrap}.")
-    with offsets_client(bootstrap, spec.source.isolation_level) as consumer:
+    kafka = sources.kafka_settings(spec.source.connection)
+    if not _any_reachable(kafka.bootstrap_servers, sources.kafka_timeout_s):
+        raise MicrobatchError(f"No Kafka broker answered at {kafka.bootstrap_servers}.")
+    with security_scope(kafka.security), \
+            offsets_client(kafka.bootstrap_servers, spec.source.isolation_level) as consumer:
         return offset_bounds(consumer, source_partitions(consumer, spec.source))[1]
 
 

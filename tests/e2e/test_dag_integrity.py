@@ -27,6 +27,8 @@ def test_dags_import_with_tags_and_retries():
     assert "microbatch" in dag.tags
     assert dag.max_active_runs == 1
     assert [t.task_id for t in dag.topological_sort()] == ["plan", "stage", "commit", "publish"]
+    assert dag.get_task("stage").task_type == "SubmitStageOperator"
+    assert "{{ ti.xcom_pull(task_ids='plan') }}" in dag.get_task("stage").application_args
     assert dag.get_task("publish").trigger_rule == "none_failed"
     for task in dag.tasks:
         assert task.retries == 3
@@ -72,7 +74,7 @@ def test_parsing_does_no_network_io(monkeypatch):
 pytestmark = pytest.mark.e2e
 
 
-def test_connect_mode_stage_is_a_python_task_between_plan_and_commit(tmp_path, monkeypatch):
+def test_connect_mode_stage_is_the_connect_operator_between_plan_and_commit(tmp_path, monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("a DAG file opened a network connection at parse time")
 
@@ -89,14 +91,14 @@ def test_connect_mode_stage_is_a_python_task_between_plan_and_commit(tmp_path, m
         dag = bag.dags[dag_id]
         assert [t.task_id for t in dag.topological_sort()] == ["plan", "stage", "commit", "publish"]
         stage = dag.get_task("stage")
-        assert stage.task_type != "StageBatchOperator"
+        assert stage.task_type == "ConnectStageOperator"
         assert stage.upstream_task_ids == {"plan"} and stage.retries == 3
         assert dag.get_task("commit").upstream_task_ids == {"plan", "stage"}
-        assert stage.op_args[0].operator.task_id == "plan"  # plan's batch id(s), through XCom, as commit takes them
+        assert stage.batch_ids == "{{ ti.xcom_pull(task_ids='plan') }}"  # plan's batch id(s), as submit mode reads them
 
 
 def test_spark_remote_from_env_or_spark_connect_connection(monkeypatch):
-    from microbatch.airflow.dags import spark_remote
+    from microbatch.airflow.hooks import spark_remote
     from microbatch.errors import ConnectionSettingsError
     from microbatch.spark_remote import display
 

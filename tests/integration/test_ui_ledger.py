@@ -20,6 +20,7 @@ from microbatch.config import find_spec
 from microbatch.ledger import repository as repo
 from microbatch.ledger.database import transaction
 from microbatch.phases.commit import commit_batch
+from microbatch.settings import KafkaSettings
 from microbatch.types import OffsetRange, Plan
 from microbatch.ui import LedgerSources, create_app
 
@@ -32,6 +33,10 @@ def closed_port() -> str:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return f"127.0.0.1:{sock.getsockname()[1]}"
+
+
+def closed_kafka(_conn_id: str) -> KafkaSettings:
+    return KafkaSettings(closed_port())
 
 
 def allow() -> None:
@@ -57,7 +62,7 @@ def commit_one_batch(url: str) -> None:
 
 def test_page_renders_positions_without_kafka_quickly(ledger_url):
     commit_one_batch(ledger_url)
-    app = create_app(LedgerSources(ledger_url=lambda: ledger_url, kafka_bootstrap=lambda _: closed_port(),
+    app = create_app(LedgerSources(ledger_url=lambda: ledger_url, kafka_settings=closed_kafka,
                                    kafka_timeout_s=1.0), auth=allow)
     client = TestClient(app)
     started = time.monotonic()
@@ -76,7 +81,7 @@ def test_page_renders_positions_without_kafka_quickly(ledger_url):
 
 
 def test_refused_requests_get_401_or_the_login_page(ledger_url):
-    app = create_app(LedgerSources(ledger_url=lambda: ledger_url, kafka_bootstrap=lambda _: closed_port()),
+    app = create_app(LedgerSources(ledger_url=lambda: ledger_url, kafka_settings=closed_kafka),
                      auth=refuse, login_url=lambda next_url: f"/auth/login?next={next_url}")
     client = TestClient(app)
     assert client.get("/api/ledger").status_code == 401
@@ -87,7 +92,7 @@ def test_refused_requests_get_401_or_the_login_page(ledger_url):
 def test_ledger_down_is_one_sentence_without_the_password(ledger_url):
     wrong = make_url(ledger_url).set(port=int(closed_port().rsplit(":", 1)[1]))
     url = wrong.render_as_string(hide_password=False)
-    app = create_app(LedgerSources(ledger_url=lambda: url, kafka_bootstrap=lambda _: closed_port()), auth=allow)
+    app = create_app(LedgerSources(ledger_url=lambda: url, kafka_settings=closed_kafka), auth=allow)
     response = TestClient(app).get("/ledger")
     assert response.status_code == 503
     assert "Cannot use the ledger database at postgresql+psycopg://" in response.text

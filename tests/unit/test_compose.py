@@ -9,8 +9,7 @@ from pathlib import Path
 import yaml
 from sqlalchemy import make_url
 
-from microbatch.kafka.offsets import BOOTSTRAP_ENV
-from microbatch.ledger.database import LEDGER_URL_ENV
+from microbatch.settings import BOOTSTRAP_ENV, LEDGER_URL_ENV
 
 ROOT = Path(__file__).resolve().parents[2]
 AIRFLOW = ("airflow-init", "airflow-api-server", "airflow-scheduler", "airflow-dag-processor", "airflow-triggerer")
@@ -66,7 +65,8 @@ def test_images_are_pinned_and_dependencies_exist():
 
 
 def test_spark_connect_service_is_wired_to_the_cluster_and_to_airflow():
-    from microbatch.spark_remote import SPARK_REMOTE_ENV, host_port
+    from microbatch.settings import SPARK_REMOTE_ENV
+    from microbatch.spark_remote import host_port
 
     all_services = services()
     connect = all_services["spark-connect"]

@@ -5,24 +5,19 @@ from __future__ import annotations
 import pytest
 
 from microbatch.errors import ConnectionSettingsError
-from microbatch.kafka.security import (
-    KafkaSecurity,
-    env_from_connection,
-    from_env,
-    kafka_python_kwargs,
-    spark_kafka_options,
-)
+from microbatch.kafka.security import kafka_python_kwargs, spark_kafka_options
+from microbatch.settings import KafkaSecurity, kafka_security, kafka_security_variables
 
 
 def test_plaintext_is_the_default_and_adds_nothing_to_spark():
-    security = from_env({})
+    security = kafka_security({})
     assert security.security_protocol == "PLAINTEXT"
     assert spark_kafka_options(security) == {"kafka.security.protocol": "PLAINTEXT"}
     assert kafka_python_kwargs(security) == {"security_protocol": "PLAINTEXT"}
 
 
 def test_sasl_scram_maps_to_both_clients():
-    security = from_env({
+    security = kafka_security({
         "MICROBATCH_KAFKA_SECURITY_PROTOCOL": "SASL_SSL",
         "MICROBATCH_KAFKA_SASL_MECHANISM": "SCRAM-SHA-512",
         "MICROBATCH_KAFKA_SASL_USERNAME": "etl",
@@ -52,14 +47,14 @@ def test_sasl_plain_uses_the_plain_login_module():
 
 def test_a_missing_sasl_setting_names_its_variable():
     with pytest.raises(ConnectionSettingsError) as err:
-        from_env({"MICROBATCH_KAFKA_SECURITY_PROTOCOL": "SASL_SSL", "MICROBATCH_KAFKA_SASL_MECHANISM": "PLAIN"})
+        kafka_security({"MICROBATCH_KAFKA_SECURITY_PROTOCOL": "SASL_SSL", "MICROBATCH_KAFKA_SASL_MECHANISM": "PLAIN"})
     assert "MICROBATCH_KAFKA_SASL_USERNAME" in str(err.value)
     assert "required with security_protocol SASL_SSL" in str(err.value)
 
 
 def test_an_unknown_protocol_names_its_variable():
     with pytest.raises(ConnectionSettingsError) as err:
-        from_env({"MICROBATCH_KAFKA_SECURITY_PROTOCOL": "TLS"})
+        kafka_security({"MICROBATCH_KAFKA_SECURITY_PROTOCOL": "TLS"})
     assert "MICROBATCH_KAFKA_SECURITY_PROTOCOL" in str(err.value)
 
 
@@ -70,10 +65,10 @@ def test_the_password_never_prints():
     assert "hunter2" not in str(security.model_dump())
 
 
-def test_connection_extra_and_password_become_environment():
-    env = env_from_connection({"bootstrap.servers": "b:9093", "security.protocol": "SASL_SSL",
+def test_connection_extra_and_password_become_variables():
+    env = kafka_security_variables({"bootstrap.servers": "b:9093", "security.protocol": "SASL_SSL",
                                "sasl.mechanism": "PLAIN", "sasl.username": "u"}, "pw")
     assert env == {"MICROBATCH_KAFKA_SECURITY_PROTOCOL": "SASL_SSL", "MICROBATCH_KAFKA_SASL_MECHANISM": "PLAIN",
                    "MICROBATCH_KAFKA_SASL_USERNAME": "u", "MICROBATCH_KAFKA_SASL_PASSWORD": "pw"}
-    assert from_env(env).sasl
-    assert env_from_connection({"bootstrap.servers": "b:9092"}, None) == {}
+    assert kafka_security(env).sasl
+    assert kafka_security_variables({"bootstrap.servers": "b:9092"}, None) == {}

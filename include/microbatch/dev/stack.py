@@ -24,7 +24,7 @@ from microbatch.dev.postgres import DATABASE, LocalPostgres
 from microbatch.dev.process import port_open, wait_until
 from microbatch.dev.spark import SparkConnectServer
 from microbatch.runtime import JAR_KINDS, cache_dir, ensure_jars
-from microbatch.spark_remote import SPARK_REMOTE_ENV
+from microbatch.settings import SPARK_REMOTE_ENV
 
 log = logging.getLogger(__name__)
 

@@ -7,7 +7,6 @@ are only written here as a mirror of the ledger, for lag tools.
 from __future__ import annotations
 
 import logging
-import os
 import re
 import socket
 from collections.abc import Iterable, Iterator, Mapping
@@ -19,11 +18,10 @@ from kafka.errors import KafkaConfigurationError, KafkaError
 
 from microbatch.config import SourceSpec
 from microbatch.errors import ConnectionSettingsError, MicrobatchError, SpecError, TransientServiceError
-from microbatch.kafka.security import client_kwargs, from_env
+from microbatch.kafka.security import client_kwargs, current_security
 from microbatch.types import StartupOffsets, TopicPartition
 
 log = logging.getLogger(__name__)
-BOOTSTRAP_ENV = "MICROBATCH_KAFKA_BOOTSTRAP"
 _TIMEOUT_MS = 20_000
 
 
@@ -40,7 +38,7 @@ def _listening(bootstrap_servers: str) -> bool:
 
 def broker_unreachable(bootstrap_servers: str) -> MicrobatchError:
     """Why no Kafka client could be made: a refused SASL login (the broker listens) or an unreachable cluster."""
-    security = from_env()
+    security = current_security()
     if security.sasl and _listening(bootstrap_servers):
         return ConnectionSettingsError(
             f"The Kafka broker at {bootstrap_servers} is listening but refused the SASL {security.sasl_mechanism} "
@@ -53,16 +51,6 @@ def broker_unreachable(bootstrap_servers: str) -> MicrobatchError:
         f"No Kafka broker answered at {bootstrap_servers}.",
         fix="Check that the cluster is up and that the connection's host and port are right.",
     )
-
-
-def bootstrap_from_env() -> str:
-    servers = os.environ.get(BOOTSTRAP_ENV)
-    if not servers:
-        raise ConnectionSettingsError(
-            f"No Kafka cluster is configured and no local stack is running: {BOOTSTRAP_ENV} is not set.",
-            fix="Start the local stack with `make demo` (or `make airflow`), or set it to HOST:PORT[,HOST:PORT].",
-        )
-    return servers
 
 
 @contextmanager

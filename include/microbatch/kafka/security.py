@@ -1,82 +1,44 @@
 """Kafka security settings (SSL, SASL_PLAINTEXT, SASL_SSL), mapped once to both clients:
 kafka-python's keyword arguments and the `kafka.*` options of Spark's Kafka source.
 
-The settings come from `MICROBATCH_KAFKA_*` environment variables, which the Airflow task sets
-from the Kafka connection's extra (`security.protocol`, `sasl.mechanism`, `sasl.username`,
-`ssl.cafile`) and password. They reach spark-submit through its environment, never through its
-arguments, and the password is a `SecretStr`, so it prints as `**********`.
+Where the settings come from is `microbatch.settings` (`kafka_settings`: the environment, else the
+Kafka connection). A client takes them explicitly, or from the scope the caller opened with
+`security_scope` (an Airflow task, for the clients that the phases make), or else from the
+`MICROBATCH_KAFKA_*` environment (the CLI, and the spark-submit driver, whose environment the stage
+task sets). They reach spark-submit through its environment, never through its arguments.
 """
 
 from __future__ import annotations
 
-import os
-from collections.abc import Mapping
-from typing import Any, Literal
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, SecretStr, ValidationError, model_validator
+from microbatch.settings import KafkaSecurity, kafka_security
 
-from microbatch.errors import ConnectionSettingsError, first_validation_error
-
-ENV_PREFIX = "MICROBATCH_KAFKA_"
-FIELDS = ("security_protocol", "sasl_mechanism", "sasl_username", "sasl_password", "ssl_cafile")
-EXTRA_KEYS = {"security.protocol": "security_protocol", "sasl.mechanism": "sasl_mechanism",
-              "sasl.username": "sasl_username", "sasl.password": "sasl_password", "ssl.cafile": "ssl_cafile"}
 LOGIN_MODULES = {
     "PLAIN": "org.apache.kafka.common.security.plain.PlainLoginModule",
     "SCRAM-SHA-256": "org.apache.kafka.common.security.scram.ScramLoginModule",
     "SCRAM-SHA-512": "org.apache.kafka.common.security.scram.ScramLoginModule",
 }
+_scoped: ContextVar[KafkaSecurity | None] = ContextVar("microbatch_kafka_security", default=None)
 
 
-class KafkaSecurity(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
-    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] | None = None
-    sasl_username: str | None = None
-    sasl_password: SecretStr | None = None
-    ssl_cafile: str | None = None
-    """A PEM file of the CA certificates that signed the brokers' certificates."""
-
-    @model_validator(mode="after")
-    def _complete(self) -> KafkaSecurity:
-        if self.security_protocol.startswith("SASL_"):
-            for name in ("sasl_mechanism", "sasl_username", "sasl_password"):
-                if getattr(self, name) is None:
-                    raise ValueError(f"{name}: required with security_protocol {self.security_protocol}")
-        return self
-
-    @property
-    def sasl(self) -> bool:
-        return self.security_protocol.startswith("SASL_")
-
-    @property
-    def ssl(self) -> bool:
-        return self.security_protocol in ("SSL", "SASL_SSL")
-
-
-def from_env(environ: Mapping[str, str] | None = None) -> KafkaSecurity:
-    """The settings in `MICROBATCH_KAFKA_SECURITY_PROTOCOL`, `..._SASL_MECHANISM`, `..._SASL_USERNAME`,
-    `..._SASL_PASSWORD` and `..._SSL_CAFILE`; an invalid value names its variable."""
-    environ = os.environ if environ is None else environ
-    values = {f: environ[ENV_PREFIX + f.upper()] for f in FIELDS if environ.get(ENV_PREFIX + f.upper())}
+@contextmanager
+def security_scope(security: KafkaSecurity) -> Iterator[None]:
+    """Kafka clients made inside this block (in this thread or task) log in with `security`, whatever the
+    environment says; the scope ends with the block and never touches `os.environ`."""
+    token = _scoped.set(security)
     try:
-        return KafkaSecurity.model_validate(values)
-    except ValidationError as exc:
-        field, message = first_validation_error(exc)
-        raise ConnectionSettingsError(
-            f"Kafka security setting {ENV_PREFIX}{field.upper()} is invalid: {message}.",
-            fix="Set it in the environment or in the Kafka connection's extra (security.protocol, sasl.mechanism, "
-            "sasl.username, ssl.cafile; the password in the connection's password field).",
-        ) from None
+        yield
+    finally:
+        _scoped.reset(token)
 
 
-def env_from_connection(extra: Mapping[str, Any], password: str | None) -> dict[str, str]:
-    """The `MICROBATCH_KAFKA_*` variables for a Kafka connection's extra and password."""
-    env = {ENV_PREFIX + field.upper(): str(extra[key]) for key, field in EXTRA_KEYS.items() if extra.get(key)}
-    if password and ENV_PREFIX + "SASL_PASSWORD" not in env:
-        env[ENV_PREFIX + "SASL_PASSWORD"] = password
-    return env
+def current_security() -> KafkaSecurity:
+    """The settings of the enclosing `security_scope`, else those of the `MICROBATCH_KAFKA_*` environment."""
+    return _scoped.get() or kafka_security()
 
 
 def kafka_python_kwargs(security: KafkaSecurity) -> dict[str, Any]:
@@ -111,13 +73,13 @@ def spark_kafka_options(security: KafkaSecurity) -> dict[str, str]:
     return options
 
 
-def client_kwargs() -> dict[str, Any]:
-    """kafka-python security arguments from the environment (empty for a plaintext cluster)."""
-    security = from_env()
+def client_kwargs(security: KafkaSecurity | None = None) -> dict[str, Any]:
+    """kafka-python security arguments for `security` (default: `current_security()`); empty for plaintext."""
+    security = current_security() if security is None else security
     return {} if security.security_protocol == "PLAINTEXT" else kafka_python_kwargs(security)
 
 
-def spark_client_options() -> dict[str, str]:
-    """Spark Kafka source security options from the environment (empty for a plaintext cluster)."""
-    security = from_env()
+def spark_client_options(security: KafkaSecurity | None = None) -> dict[str, str]:
+    """Spark Kafka source security options for `security` (default: `current_security()`); empty for plaintext."""
+    security = current_security() if security is None else security
     return {} if security.security_protocol == "PLAINTEXT" else spark_kafka_options(security)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import os
 import time
 import zlib
 from collections.abc import Iterator
@@ -16,22 +15,10 @@ from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
 from microbatch.errors import ConnectionSettingsError, MicrobatchError, TransientServiceError
+from microbatch.settings import LEDGER_CONN_ID, LEDGER_URL_ENV
 
 log = logging.getLogger(__name__)
-LEDGER_URL_ENV = "MICROBATCH_LEDGER_URL"
 MIGRATIONS = Path(__file__).resolve().parent / "migrations"
-
-
-def ledger_url_from_env() -> str:
-    """The ledger URL from `MICROBATCH_LEDGER_URL`, or a clear error saying how to set it."""
-    url = os.environ.get(LEDGER_URL_ENV)
-    if not url:
-        raise ConnectionSettingsError(
-            f"No ledger database is configured and no local stack is running: {LEDGER_URL_ENV} is not set.",
-            fix="Start the local stack with `make demo` (or `make airflow`), or set it to "
-            "postgresql+psycopg://USER:PASSWORD@HOST:PORT/DB.",
-        )
-    return url
 
 
 def safe_url(url: str) -> str:
@@ -47,7 +34,7 @@ def unreachable(url: str, exc: Exception) -> TransientServiceError:
     reason = str(getattr(exc, "orig", exc)).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     return TransientServiceError(
         f"Cannot use the ledger database at {safe_url(url)}: {reason}.",
-        fix=f"Check the Airflow connection microbatch_ledger or {LEDGER_URL_ENV} (host, port, user, password).",
+        fix=f"Check the Airflow connection {LEDGER_CONN_ID} or {LEDGER_URL_ENV} (host, port, user, password).",
     )
 
 

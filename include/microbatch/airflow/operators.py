@@ -1,0 +1,166 @@
+"""The stage task, two ways with one constructor shape: `SubmitStageOperator` runs spark-submit of
+`spark_jobs/run_batch.py` per batch, `ConnectStageOperator` is a client of a long-lived Spark Connect
+server. `STAGE_OPERATORS` maps `spec.spark.mode` to the class. Both read plan's batch id(s) from XCom
+through the same template, and both turn platform errors into the right failure (`task_errors`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, NoReturn, ParamSpec, TypeVar
+
+from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+from airflow.sdk import BaseOperator
+from airflow.sdk.exceptions import AirflowFailException
+from sqlalchemy.exc import OperationalError
+
+from microbatch.airflow import hooks
+from microbatch.config import PipelineSpec, encode_spec
+from microbatch.errors import MicrobatchError
+from microbatch.kafka.security import security_scope
+from microbatch.ledger.database import unreachable
+from microbatch.runtime import PROJECT_ROOT, RUN_BATCH, library_zip, spark_jars
+from microbatch.settings import LEDGER_URL_ENV, KafkaSettings
+
+log = logging.getLogger("microbatch")
+PLAN_BATCH_IDS = "{{ ti.xcom_pull(task_ids='plan') }}"  # one id, or several joined by commas (a backfill)
+# Passed on to spark-submit when set here: failpoints of the chaos tests, and where java and the venv are.
+PASSED_ON = ("MICROBATCH_FAILPOINTS", "MICROBATCH_FAILPOINT_DIR", "PATH", "JAVA_HOME")
+P = ParamSpec("P")
+T = TypeVar("T")
+
+
+def fail(exc: MicrobatchError) -> NoReturn:
+    """Log the one-sentence cause and fix; retry only what a retry can mend."""
+    log.error("%s", exc)
+    if exc.retryable:
+        raise RuntimeError(str(exc)) from None
+    raise AirflowFailException(str(exc)) from None
+
+
+@contextmanager
+def task_errors(url: str) -> Iterator[None]:
+    """Turn platform and ledger-connection errors into one logged sentence and the right failure."""
+    try:
+        yield
+    except MicrobatchError as exc:
+        fail(exc)
+    except OperationalError as exc:
+        fail(unreachable(url, exc))
+
+
+def resolved(resolve: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+    """`resolve(...)` (a connection, a reachability check), its platform error failing the task as `fail` does."""
+    try:
+        return resolve(*args, **kwargs)
+    except MicrobatchError as exc:
+        fail(exc)
+
+
+def batch_id_list(batch_ids: int | str) -> list[int]:
+    """Plan's XCom value: a batch id, or several joined by commas."""
+    return [int(part) for part in str(batch_ids).split(",")]
+
+
+def driver_env(ledger_url: str, kafka: KafkaSettings) -> dict[str, str]:
+    """The environment of the spark-submit driver: its connections (never on its command line), this Python
+    and the platform's import path."""
+    env = {
+        LEDGER_URL_ENV: ledger_url,
+        **kafka.env(),
+        "PYSPARK_PYTHON": sys.executable,
+        "PYSPARK_DRIVER_PYTHON": sys.executable,
+        "PYTHONPATH": os.pathsep.join(
+            filter(None, [str(PROJECT_ROOT / "include"), str(PROJECT_ROOT), os.environ.get("PYTHONPATH")])
+        ),
+    }
+    return env | {name: os.environ[name] for name in PASSED_ON if os.environ.get(name)}
+
+
+class SubmitStageOperator(SparkSubmitOperator):
+    """spark-submit of `spark_jobs/run_batch.py` for the batch(es) that `plan` chose, on the Spark master of
+    `spec.spark.connection`. Connections are resolved when the task runs and reach spark-submit as
+    environment variables only, never on its command line."""
+
+    def __init__(self, *, spec: PipelineSpec, batch_ids: str = PLAN_BATCH_IDS, **kwargs: Any) -> None:
+        conf = {
+            "spark.sql.session.timeZone": "UTC",
+            "spark.driver.extraJavaOptions": "-Duser.timezone=UTC",
+            "spark.executor.extraJavaOptions": "-Duser.timezone=UTC",
+            "spark.ui.showConsoleProgress": "false",
+            **spec.spark.conf,
+        }
+        super().__init__(
+            application=str(RUN_BATCH),
+            # The spec travels with the command, so the driver needs no spec file wherever it runs.
+            application_args=["--pipeline", spec.name, "--batch-id", batch_ids, "--spec", encode_spec(spec)],
+            name=f"microbatch-{spec.name}",
+            conn_id=spec.spark.connection,
+            conf=conf,
+            **kwargs,
+        )
+        self.pipeline = spec.name
+        self.kafka_conn_id = spec.source.connection
+
+    def execute(self, context: Any) -> None:
+        ledger_url = resolved(hooks.ledger_url)
+        kafka = resolved(hooks.kafka_settings, self.kafka_conn_id)
+        self.env_vars = {**(self.env_vars or {}), **driver_env(ledger_url, kafka)}
+        if not self.jars:
+            self.jars = ",".join(str(p) for p in spark_jars())
+        # Executors on a cluster import the platform and the job from this zip; local mode finds them anyway.
+        self.py_files = ",".join(filter(None, [self.py_files, str(library_zip())]))
+        self.conf = {"spark.pyspark.python": sys.executable, **(self.conf or {})}
+        super().execute(context)
+
+
+class ConnectStageOperator(BaseOperator):
+    """Stage the batch(es) that `plan` chose on the long-lived Spark Connect server of `spec.spark.connection`:
+    this task is the driver-side client, so no JVM starts here."""
+
+    template_fields = ("batch_ids",)
+
+    def __init__(self, *, spec: PipelineSpec, batch_ids: str = PLAN_BATCH_IDS, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.spec = spec
+        self.batch_ids = batch_ids
+
+    def execute(self, context: Any) -> None:
+        from microbatch import spark_remote as connect
+        from microbatch.phases.stage import connect_session, stage_batches
+
+        spec, ids = self.spec, batch_id_list(self.batch_ids)
+        url = resolved(hooks.ledger_url)
+        kafka = resolved(hooks.kafka_settings, spec.source.connection)
+        remote = resolved(hooks.spark_remote, spec.spark.connection)
+        resolved(connect.check_reachable, remote, spec.spark.connection)
+        with task_errors(url), security_scope(kafka.security):
+            spark = None
+            try:
+                spark = connect_session(remote, spec.spark.conf)
+                staged = stage_batches(spark, spec, ids, url, kafka.bootstrap_servers, log)
+            except Exception as exc:
+                if not connect.is_unavailable(exc):
+                    raise
+                spark = None  # releasing the session would retry the lost server for minutes
+                reason = "the server went away during the stage (gRPC UNAVAILABLE)"
+                raise connect.unreachable(remote, reason, spec.spark.connection) from None
+            finally:
+                if spark is not None:
+                    spark.stop()  # releases this session on the server; the server keeps running
+        done = {result.batch_id for result in staged}
+        others = [str(i) for i in ids if i not in done]
+        log.info("stage %s: staged %s %s through Spark Connect at %s%s", spec.name,
+                 "batch" if len(done) == 1 else "batches", ",".join(str(i) for i in ids if i in done) or "none",
+                 connect.display(remote), f" ({','.join(others)} already staged or committed)" if others else "")
+
+
+STAGE_OPERATORS: dict[str, type[SubmitStageOperator] | type[ConnectStageOperator]] = {
+    "submit": SubmitStageOperator,
+    "connect": ConnectStageOperator,
+}
+"""`spec.spark.mode` -> the stage operator; each is built as `cls(task_id=..., spec=spec)`."""

@@ -1,0 +1,111 @@
+"""Where each connection comes from: the environment first, then the lookup (Airflow's connections), with
+the one-sentence errors of each case; nothing is written to the environment."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from microbatch import settings
+from microbatch.errors import ConnectionSettingsError
+from microbatch.kafka.security import client_kwargs, current_security, security_scope
+from microbatch.settings import ConnectionFields, KafkaSettings
+
+SASL = {"bootstrap.servers": "b1:9093,b2:9093", "security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "PLAIN",
+        "sasl.username": "etl"}
+
+
+@pytest.fixture(autouse=True)
+def no_connection_variables(monkeypatch):
+    for name in list(os.environ):
+        if name.startswith("MICROBATCH_KAFKA_") or name in (settings.LEDGER_URL_ENV, settings.SPARK_REMOTE_ENV):
+            monkeypatch.delenv(name)
+
+
+def lookup_of(**connections: ConnectionFields):
+    return connections.get
+
+
+def test_ledger_url_from_env_first_then_the_connection(monkeypatch):
+    lookup = lookup_of(microbatch_ledger=ConnectionFields(host="db", port=5433, login="u", password="p", schema="l"))
+    assert settings.ledger_url(lookup) == "postgresql+psycopg://u:p@db:5433/l"
+    monkeypatch.setenv(settings.LEDGER_URL_ENV, "postgresql+psycopg://e:e@env:1/e")
+    assert settings.ledger_url(lookup) == "postgresql+psycopg://e:e@env:1/e"
+    assert settings.ledger_url() == "postgresql+psycopg://e:e@env:1/e"
+
+
+def test_ledger_url_errors_say_what_to_set():
+    with pytest.raises(ConnectionSettingsError, match="no local stack is running: MICROBATCH_LEDGER_URL is not set"):
+        settings.ledger_url()
+    with pytest.raises(ConnectionSettingsError, match="neither MICROBATCH_LEDGER_URL nor the Airflow connection "
+                                                      "'microbatch_ledger' exists"):
+        settings.ledger_url(lookup_of())
+
+
+def test_kafka_from_the_connection_with_its_security_and_no_environment_written():
+    before = dict(os.environ)
+    kafka = settings.kafka_settings("kafka_default", lookup_of(kafka_default=ConnectionFields(extra=SASL,
+                                                                                              password="s3cret")))
+    assert dict(os.environ) == before
+    assert kafka.bootstrap_servers == "b1:9093,b2:9093"
+    assert kafka.security.sasl and kafka.security.sasl_username == "etl"
+    assert kafka.env() == {
+        "MICROBATCH_KAFKA_BOOTSTRAP": "b1:9093,b2:9093", "MICROBATCH_KAFKA_SECURITY_PROTOCOL": "SASL_PLAINTEXT",
+        "MICROBATCH_KAFKA_SASL_MECHANISM": "PLAIN", "MICROBATCH_KAFKA_SASL_USERNAME": "etl",
+        "MICROBATCH_KAFKA_SASL_PASSWORD": "s3cret",
+    }
+    assert "s3cret" not in repr(kafka)
+    # A child process that gets env() resolves the same settings from its environment alone.
+    assert settings.kafka_security(kafka.env()) == kafka.security
+
+
+def test_a_security_variable_that_is_set_wins_over_the_connection(monkeypatch):
+    monkeypatch.setenv("MICROBATCH_KAFKA_SASL_USERNAME", "other")
+    kafka = settings.kafka_settings("k", lookup_of(k=ConnectionFields(extra=SASL, password="s3cret")))
+    assert kafka.security.sasl_username == "other"
+    assert kafka.security.sasl_password.get_secret_value() == "s3cret"
+
+
+def test_kafka_from_env_ignores_the_connection(monkeypatch):
+    monkeypatch.setenv(settings.BOOTSTRAP_ENV, "envhost:9092")
+    kafka = settings.kafka_settings("k", lookup_of(k=ConnectionFields(extra=SASL, password="s3cret")))
+    assert kafka == KafkaSettings("envhost:9092")
+    assert kafka.env() == {"MICROBATCH_KAFKA_BOOTSTRAP": "envhost:9092"}
+
+
+def test_kafka_errors_say_what_to_set():
+    with pytest.raises(ConnectionSettingsError, match="no local stack is running: MICROBATCH_KAFKA_BOOTSTRAP is not"):
+        settings.kafka_settings()
+    with pytest.raises(ConnectionSettingsError, match="neither MICROBATCH_KAFKA_BOOTSTRAP nor the Airflow connection "
+                                                      "'k' exists"):
+        settings.kafka_settings("k", lookup_of())
+    with pytest.raises(ConnectionSettingsError, match="The Airflow connection 'k' has no bootstrap servers"):
+        settings.kafka_settings("k", lookup_of(k=ConnectionFields()))
+    bad = ConnectionFields(extra={"bootstrap.servers": "b:1", "security.protocol": "TLS"})
+    with pytest.raises(ConnectionSettingsError, match="MICROBATCH_KAFKA_SECURITY_PROTOCOL is invalid"):
+        settings.kafka_settings("k", lookup_of(k=bad))
+
+
+def test_clients_use_the_scope_they_are_given_else_the_environment(monkeypatch):
+    kafka = settings.kafka_settings("k", lookup_of(k=ConnectionFields(extra=SASL, password="s3cret")))
+    assert client_kwargs() == {}
+    with security_scope(kafka.security):
+        assert current_security() == kafka.security
+        assert client_kwargs()["sasl_plain_password"] == "s3cret"
+    assert client_kwargs() == {}
+    monkeypatch.setenv("MICROBATCH_KAFKA_SECURITY_PROTOCOL", "SSL")
+    assert client_kwargs() == {"security_protocol": "SSL"}
+
+
+def test_spark_remote_from_env_then_the_connection_url(monkeypatch):
+    assert settings.spark_remote("sc", lookup_of(sc=ConnectionFields(url="sc://h:15002/;token=t"))) == \
+        "sc://h:15002/;token=t"
+    with pytest.raises(ConnectionSettingsError, match="neither MICROBATCH_SPARK_REMOTE nor the Airflow connection"):
+        settings.spark_remote("sc", lookup_of())
+    with pytest.raises(ConnectionSettingsError, match="'sc' is not a usable Spark Connect connection: it needs a host"):
+        settings.spark_remote("sc", lookup_of(sc=ConnectionFields()))
+    with pytest.raises(ConnectionSettingsError, match="MICROBATCH_SPARK_REMOTE is not set"):
+        settings.spark_remote("sc")
+    monkeypatch.setenv(settings.SPARK_REMOTE_ENV, "sc://env:1")
+    assert settings.spark_remote("sc", lookup_of()) == "sc://env:1"
