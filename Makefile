@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 export PYTHONPATH := $(CURDIR)/include:$(CURDIR)
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: demo test unit integration e2e lint jars venv airflow connect down bench chaos soak clean browser
+.PHONY: demo test unit integration e2e lint jars venv airflow connect down bench chaos soak clean browser docs
 
 $(STAMP): requirements.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -24,13 +24,18 @@ jars: $(STAMP)
 demo: jars
 	$(PY) -m microbatch.cli demo
 
-test: jars browser
+test: jars browser docs
 	$(PY) -m ruff check .
 	$(PY) -m pytest -p no:cacheprovider --timeout=900 --durations=15 tests
 
 # Debian's chromium, for the browser test of the ledger page (Playwright drives it; no browser download).
 browser:
 	command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium)
+
+# The docs site (mkdocs-material) into site/; --strict: a broken link, anchor or included file fails the build.
+# The spec and CLI references are generated from the code on the way (docs/hooks.py).
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 
 unit: $(STAMP)
 	$(PY) -m pytest -p no:cacheprovider tests/unit

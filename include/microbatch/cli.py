@@ -447,6 +447,14 @@ def counts(limit: Annotated[int, typer.Option(min=1)] = 15) -> None:
     console.print(table)
 
 
+@app.command()
+def schema() -> None:
+    """Print the JSON Schema of a pipeline spec, from its pydantic models (for editors that check specs)."""
+    from microbatch.config import PipelineSpec
+
+    print(json.dumps(PipelineSpec.model_json_schema(), indent=2))
+
+
 def _create_output_topics(pipeline: str) -> None:
     from microbatch.config import find_spec
     from microbatch.dev.kafka import create_topic

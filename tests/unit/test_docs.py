@@ -1,0 +1,80 @@
+"""The docs stay true to the repository: the README's links resolve, the README shows the two commands,
+every repository path and `microbatch.` module the pages name exists, and the architecture page describes
+every module and folder of the package. (`make docs`, run by `make test`, checks the links between pages.)"""
+
+import ast
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+PAGES = sorted((ROOT / "docs").glob("*.md"))
+README = ROOT / "README.md"
+PATH = re.compile(r"(?<![\w./-])((?:include|dags|spark_jobs|plugins|tests|bench|docs)/[\w./-]*)")
+MODULE = re.compile(r"(?<![\w.])(microbatch(?:\.\w+)+)")
+NOT_MODULES = {"microbatch.seq", "microbatch.correction"}  # Kafka header names
+
+
+def _texts() -> dict[str, str]:
+    return {path.name: path.read_text() for path in [README, *PAGES]}
+
+
+def test_readme_shows_the_two_commands_and_its_links_resolve():
+    text = README.read_text()
+    assert "make demo" in text and "make test" in text
+    links = re.findall(r"\]\(([^)]+)\)", text)
+    assert links
+    for link in links:
+        if not link.startswith(("http://", "https://", "#")):
+            assert (ROOT / link.split("#")[0]).exists(), f"README links to {link}, which does not exist"
+
+
+def test_every_repository_path_named_in_the_docs_exists():
+    missing = []
+    for name, text in _texts().items():
+        for match in PATH.finditer(text):
+            if text[match.end():match.end() + 1] in ("<", "*"):  # a pattern such as bench/results/<name>.json
+                continue
+            path = match.group(1).rstrip(".,:;")
+            if not (ROOT / path).exists():
+                missing.append(f"{name}: {path}")
+    assert not missing, missing
+
+
+def _defines(module_file: Path, name: str) -> bool:
+    tree = ast.parse(module_file.read_text())
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef) and node.name == name:
+            return True
+        if isinstance(node, ast.Assign | ast.AnnAssign):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            if any(isinstance(t, ast.Name) and t.id == name for t in targets):
+                return True
+    return False
+
+
+def _resolves(dotted: str) -> bool:
+    """`microbatch.a.b[.name]`: a module or package of the source tree, then at most one name it defines."""
+    parts = dotted.split(".")
+    base = ROOT / "include"
+    for i in range(len(parts), 0, -1):
+        path = base.joinpath(*parts[:i])
+        module_file = path / "__init__.py" if path.is_dir() else path.with_suffix(".py")
+        if module_file.is_file():
+            rest = parts[i:]
+            return not rest or (len(rest) == 1 and _defines(module_file, rest[0]))
+    return False
+
+
+def test_every_microbatch_module_named_in_the_docs_exists():
+    stale = [f"{name}: {dotted}" for name, text in _texts().items() for dotted in MODULE.findall(text)
+             if dotted not in NOT_MODULES and not _resolves(dotted)]
+    assert not stale, stale
+
+
+def test_the_architecture_page_describes_every_module_and_folder_of_the_package():
+    page = (ROOT / "docs" / "architecture.md").read_text()
+    package = ROOT / "include" / "microbatch"
+    entries = [p.name + ("/" if p.is_dir() else "") for p in package.iterdir()
+               if not p.name.startswith(("_", ".")) and (p.is_dir() or p.suffix == ".py")]
+    undescribed = [entry for entry in entries if f"`{entry}`" not in page]
+    assert not undescribed, f"docs/architecture.md does not describe {undescribed}"
