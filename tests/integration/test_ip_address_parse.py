@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import ipaddress
 import random
-from collections.abc import Iterator
 from datetime import UTC, datetime
 
 import pytest
@@ -85,17 +84,6 @@ def random_candidates(count: int, seed: int) -> list[str]:
             text = text[:position] + rng.choice(["0", ":", ".", "1", "::", "g"]) + text[position:]
         candidates.append(text)
     return candidates
-
-
-@pytest.fixture(scope="module")
-def spark() -> Iterator[object]:
-    from pyspark.sql import SparkSession
-
-    session = (SparkSession.builder.master("local[1]").appName("ip-address-parse")
-               .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "1").getOrCreate())
-    session.sparkContext.setLogLevel("ERROR")
-    yield session
-    session.stop()
 
 
 def spark_accepts(spark, texts: list[str]) -> dict[str, bool]:

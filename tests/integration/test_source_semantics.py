@@ -8,7 +8,6 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Iterator
 
 import pytest
 import yaml
@@ -321,20 +320,6 @@ def test_old_lag_snapshots_are_pruned_but_each_partitions_newest_is_kept(kafka, 
 
 
 # --- Spark reads: splits, transactional input, failOnDataLoss -----------------------------------------------
-
-@pytest.fixture(scope="module")
-def spark() -> Iterator[object]:
-    from pyspark.sql import SparkSession
-
-    from microbatch.runtime import spark_jars
-
-    session = (SparkSession.builder.master("local[2]").appName("source-semantics")
-               .config("spark.jars", ",".join(str(p) for p in spark_jars()))
-               .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "2").getOrCreate())
-    session.sparkContext.setLogLevel("ERROR")
-    yield session
-    session.stop()
-
 
 def read(spark, ranges: list[OffsetRange], bootstrap: str, min_partitions: int = 0, isolation="read_committed"):
     from microbatch.phases.stage import kafka_read_options
