@@ -1,148 +1,41 @@
 """The commit phase (Flink's `notifyCheckpointComplete` -> `commit`), in ONE transaction:
 lock the batch and its pipeline, compare-and-set every position, mark its ranges committed
-(the exclusion constraint refuses overlaps), merge staged rows into the sinks with set-based
-SQL and keep them as this batch's per-partition contributions, move dead letters and late
-records, write an outbox row per window that became final, update the pipeline state, mark the
-batch committed and delete its staging rows.
+(the exclusion constraint refuses overlaps), merge staged rows into the sinks, move dead letters
+and late records, write the outbox rows of the sinks that publish, update the pipeline state,
+mark the batch committed and delete its staging rows.
 
-A replay batch first marks the committed ranges it replaces as superseded (kept for the audit)
-and retracts their contributions, their dead letters and late records, then adds its own, and
-publishes the final windows whose value changed as corrections; all in the same transaction.
+A replay batch first marks the committed ranges it replaces as superseded (kept for the audit),
+deletes their dead letters and late records, and has every sink retract their contributions
+before it merges its own; all in the same transaction.
 
-`commit_batch` takes the caller's session and never commits: the caller's COMMIT is the
-single point where the batch becomes visible (invariant 2).
+The sinks do their part through the interface of `microbatch.sinks.base.Sink`, so this module
+knows no sink type. `commit_batch` takes the caller's session and never commits: the caller's
+COMMIT is the single point where the batch becomes visible (invariant 2).
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
 
 from sqlalchemy import select, text
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from microbatch import failpoints
-from microbatch.config import KafkaSink, PipelineSpec, PostgresAggregateSink
+from microbatch.config import PipelineSpec
 from microbatch.errors import ConcurrentCommitError, MicrobatchError, ZombieAttemptError
 from microbatch.ledger import repository as repo
-from microbatch.ledger.models import BACKFILL_KINDS, BatchKind, BatchState, Range
-from microbatch.types import TopicPartition
+from microbatch.ledger.models import BACKFILL_KINDS, Batch, BatchKind, BatchState, Pipeline, Range
+from microbatch.phases.results import CommitResult, PositionMove
+from microbatch.sinks.base import CommitContext, quote, watermark_timestamp
+from microbatch.sinks.registry import sinks_of
+from microbatch.types import Gap, OffsetRange, TopicPartition
 
 log = logging.getLogger(__name__)
 
 
-@dataclass
-class PositionMove:
-    tp: TopicPartition
-    before: int | None
-    after: int
-
-
-@dataclass
-class CommitResult:
-    batch_id: int
-    attempt: int
-    already_committed: bool = False
-    moves: list[PositionMove] = field(default_factory=list)
-    rows_by_sink: dict[str, int] = field(default_factory=dict)
-    dead_letters: int = 0
-    late_records: int = 0
-    outbox: dict[str, tuple[int, int]] = field(default_factory=dict)
-    """Kafka sink -> (first, last) outbox sequence written by this batch."""
-    watermark_before: int | None = None
-    watermark_after: int | None = None
-    replaced: list[tuple[int, str]] = field(default_factory=list)
-    """Replay: (original batch id, range) of each committed range this batch superseded."""
-    retracted_rows: dict[str, int] = field(default_factory=dict)
-    seconds: float = 0.0
-
-
-def _quote(identifier: str) -> str:
-    # Identifiers come from a validated spec (lower-case SQL identifiers); quoting is belt and braces.
-    return '"' + identifier.replace('"', '""') + '"'
-
-
-def merge_aggregate_sql(sink: PostgresAggregateSink) -> str:
-    """Set-based merge of one batch's staged partial aggregates into the sink table."""
-    keys = ", ".join(_quote(k) for k in sink.keys)
-    sums = ", ".join(f"sum({_quote(c)})" for c in sink.sum_columns)
-    updates = ", ".join(
-        f"{_quote(c)} = {_quote(sink.table)}.{_quote(c)} + EXCLUDED.{_quote(c)}" for c in sink.sum_columns
-    )
-    return (
-        f"INSERT INTO {_quote(sink.table)} ({keys}, {', '.join(_quote(c) for c in sink.sum_columns)}) "
-        f"SELECT {keys}, {sums} FROM {_quote(sink.staging_table)} "
-        f"WHERE batch_id = :batch_id AND attempt = :attempt GROUP BY {keys} "
-        f"ON CONFLICT ({keys}) DO UPDATE SET {updates}"
-    )
-
-
-def contributions_sql(sink: PostgresAggregateSink) -> str:
-    """Keep this batch's staged partial aggregates per source partition (what a replay retracts)."""
-    group = ", ".join(_quote(c) for c in ("topic", "partition", *sink.keys))
-    sums = ", ".join(f"sum({_quote(c)})" for c in sink.sum_columns)
-    columns = ", ".join(_quote(c) for c in ("topic", "partition", *sink.columns))
-    return (
-        f"INSERT INTO {_quote(sink.contributions_table)} (batch_id, {columns}) "
-        f"SELECT :batch_id, {group}, {sums} FROM {_quote(sink.staging_table)} "
-        f"WHERE batch_id = :batch_id AND attempt = :attempt GROUP BY {group}"
-    )
-
-
-def _replaced_sums(sink: PostgresAggregateSink) -> str:
-    """The summed contributions of the ranges that the replay batch :batch_id superseded."""
-    keys = ", ".join(f"c.{_quote(k)}" for k in sink.keys)
-    sums = ", ".join(f"sum(c.{_quote(c)}) AS {_quote(c)}" for c in sink.sum_columns)
-    return (
-        f"SELECT {keys}, {sums} FROM {_quote(sink.contributions_table)} c JOIN ranges g "
-        "ON g.batch_id = c.batch_id AND g.topic = c.topic AND g.partition = c.partition "
-        f"WHERE g.superseded_by = :batch_id GROUP BY {keys}"
-    )
-
-
-def retract_sql(sink: PostgresAggregateSink) -> str:
-    """Subtract the superseded contributions from the sink table."""
-    updates = ", ".join(f"{_quote(c)} = s.{_quote(c)} - r.{_quote(c)}" for c in sink.sum_columns)
-    match = " AND ".join(f"s.{_quote(k)} = r.{_quote(k)}" for k in sink.keys)
-    return f"UPDATE {_quote(sink.table)} AS s SET {updates} FROM ({_replaced_sums(sink)}) AS r WHERE {match}"
-
-
-def drop_emptied_sql(sink: PostgresAggregateSink) -> str:
-    """Rows that only the superseded contributions held, now all zero, are removed."""
-    match = " AND ".join(f"s.{_quote(k)} = r.{_quote(k)}" for k in sink.keys)
-    zero = " AND ".join(f"s.{_quote(c)} = 0" for c in sink.sum_columns)
-    return f"DELETE FROM {_quote(sink.table)} AS s USING ({_replaced_sums(sink)}) AS r WHERE {match} AND {zero}"
-
-
-def replay_corrections_sql(sink: KafkaSink, source: PostgresAggregateSink) -> str:
-    """Outbox rows, marked as corrections, for the final windows whose value the replay changed
-    (a key the replay emptied is published with zero)."""
-    assert source.window is not None
-    keys = ", ".join(_quote(k) for k in source.keys)
-    sums = ", ".join(f"sum({_quote(c)}) AS {_quote(c)}" for c in source.sum_columns)
-    differs = " OR ".join(
-        f"coalesce(new.{_quote(c)}, 0) <> coalesce(old.{_quote(c)}, 0)" for c in source.sum_columns)
-    values = ", ".join(f"coalesce(s.{_quote(c)}, 0) AS {_quote(c)}" for c in source.sum_columns)
-    return (
-        f"WITH new AS (SELECT {keys}, {sums} FROM {_quote(source.staging_table)} "
-        f"WHERE batch_id = :batch_id AND attempt = :attempt GROUP BY {keys}), "
-        f"old AS ({_replaced_sums(source)}), "
-        f"changed AS (SELECT {keys} FROM new FULL JOIN old USING ({keys}) WHERE {differs}), "
-        f"final AS (SELECT {keys}, {values} FROM changed LEFT JOIN {_quote(source.table)} s USING ({keys}) "
-        f"WHERE {_quote(source.window.end)} <= :high) "
-        "INSERT INTO outbox (pipeline_id, sink, seq, batch_id, key, value) "
-        f"SELECT :pipeline_id, :sink, base.seq + row_number() OVER (ORDER BY {keys}), :batch_id, "
-        f"final.{_quote(sink.key)}::text, to_jsonb(final) || jsonb_build_object('correction', true) "
-        "FROM final, (SELECT coalesce(max(seq), 0) AS seq FROM outbox "
-        "WHERE pipeline_id = :pipeline_id AND sink = :sink) AS base "
-        "RETURNING seq"
-    )
-
-
-def _supersede(session: Session, batch, ranges: list) -> list[tuple[int, str]]:  # noqa: ANN001
+def _supersede(session: Session, batch: Batch, ranges: list[OffsetRange]) -> list[tuple[int, str]]:
     """Mark the committed ranges a replay batch replaces as superseded by it, after checking that
     they are still the committed ones (another replay may have replaced them since the plan)."""
     ids = list(batch.replaces or [])
@@ -172,43 +65,7 @@ def _supersede(session: Session, batch, ranges: list) -> list[tuple[int, str]]: 
     return [(r.batch_id, f"{r.topic}[{r.partition}] [{r.start_offset}, {r.end_offset})") for r in rows]
 
 
-def outbox_sql(sink: KafkaSink, source: PostgresAggregateSink) -> str:
-    """One outbox row per key of each window of `source` that became final in this batch, in
-    a stable order, numbered after the sink's last sequence (gap-free; the pipeline row is locked)."""
-    assert source.window is not None
-    window_end = _quote(source.window.end)
-    order = ", ".join(_quote(k) for k in source.keys)
-    columns = ", ".join(_quote(c) for c in source.columns)
-    return (
-        "INSERT INTO outbox (pipeline_id, sink, seq, batch_id, key, value) "
-        "SELECT :pipeline_id, :sink, base.seq + row_number() OVER (ORDER BY " + order + "), :batch_id, "
-        f"final.{_quote(sink.key)}::text, to_jsonb(final) "
-        f"FROM (SELECT {columns} FROM {_quote(source.table)} "
-        f"WHERE {window_end} > coalesce(:low, '-infinity'::timestamptz) AND {window_end} <= :high) AS final, "
-        "(SELECT coalesce(max(seq), 0) AS seq FROM outbox WHERE pipeline_id = :pipeline_id AND sink = :sink) AS base "
-        "RETURNING seq"
-    )
-
-
-def corrections_sql(sink: KafkaSink, source: PostgresAggregateSink) -> str:
-    """Outbox rows for the final windows that a backfill batch changed, marked as corrections."""
-    assert source.window is not None
-    keys = ", ".join(_quote(k) for k in source.keys)
-    columns = ", ".join(f"s.{_quote(c)}" for c in source.columns)
-    return (
-        "INSERT INTO outbox (pipeline_id, sink, seq, batch_id, key, value) "
-        f"SELECT :pipeline_id, :sink, base.seq + row_number() OVER (ORDER BY {keys}), :batch_id, "
-        f"final.{_quote(sink.key)}::text, to_jsonb(final) || jsonb_build_object('correction', true) "
-        f"FROM (SELECT {columns} FROM {_quote(source.table)} s "
-        f"WHERE ({', '.join(f's.{_quote(k)}' for k in source.keys)}) IN "
-        f"(SELECT {keys} FROM {_quote(source.staging_table)} WHERE batch_id = :batch_id AND attempt = :attempt) "
-        f"AND s.{_quote(source.window.end)} <= :high) AS final, "
-        "(SELECT coalesce(max(seq), 0) AS seq FROM outbox WHERE pipeline_id = :pipeline_id AND sink = :sink) AS base "
-        "RETURNING seq"
-    )
-
-
-def _check_below_positions(session: Session, pipeline_id: int, batch_id: int, ranges: list) -> None:
+def _check_below_positions(session: Session, pipeline_id: int, batch_id: int, ranges: list[OffsetRange]) -> None:
     """A backfill may only commit offsets the scheduled cursor has passed; later ones belong to it."""
     positions = repo.read_positions(session, pipeline_id)
     for r in ranges:
@@ -220,15 +77,13 @@ def _check_below_positions(session: Session, pipeline_id: int, batch_id: int, ra
             )
 
 
-def _micros_to_timestamp(value: int | None) -> datetime | None:
-    return None if value is None else datetime.fromtimestamp(value / 1_000_000, tz=UTC)
-
-
 def _compare_and_set(
     session: Session, pipeline_id: int, batch_id: int, tp: TopicPartition, start: int, end: int
 ) -> int | None:
     """Move one position from `start` to `end`; a partition never seen before gets its first row."""
     return repo.advance_position(session, pipeline_id, batch_id, tp, start, end)
+
+
 
 
 def commit_batch(session: Session, spec: PipelineSpec, batch_id: int, run_id: str | None = None) -> CommitResult:
@@ -240,36 +95,79 @@ def commit_batch(session: Session, spec: PipelineSpec, batch_id: int, run_id: st
     if batch.state == BatchState.COMMITTED.value:
         result.already_committed = True
         return result
+    pipeline = _lock_pipeline(session, spec, batch)
+    ctx = _context(spec, batch, pipeline)
+    result.watermark_before, result.watermark_after = ctx.watermark_before, ctx.watermark_after
+
+    ranges = repo.batch_ranges(session, batch_id)
+    if ctx.backfill:
+        _check_below_positions(session, pipeline.id, batch_id, ranges)
+    if ctx.replay:
+        result.replaced = _supersede(session, batch, ranges)
+    gaps = repo.batch_gaps(session, batch_id)
+    if not ctx.backfill:  # a backfill never moves the scheduled cursor
+        result.moves = _advance_positions(session, ctx, ranges, gaps)
+    _mark_committed(session, batch_id)
+    _merge_sinks(session, ctx, batch, result)
+    _move_bad_records(session, ctx, batch, result)
+    _write_outbox(session, ctx, result)
+    _finish(session, ctx, batch, pipeline, run_id)
+    result.seconds = time.monotonic() - started
+    batch.timings = {**batch.timings, "commit_s": round(result.seconds, 3)}
+    session.flush()
+    failpoints.hit("commit.before_commit")
+    return result
+
+
+def _lock_pipeline(session: Session, spec: PipelineSpec, batch: Batch) -> Pipeline:
+    """Check that the batch is staged by its current attempt (else this run is a zombie), then lock its
+    pipeline's row, which serializes the commits of one pipeline."""
     if batch.state != BatchState.STAGED.value or batch.staged_attempt != batch.attempt:
         raise ZombieAttemptError(
-            f"Batch {batch_id} is {batch.state} at attempt {batch.attempt}, not staged by its current attempt; "
+            f"Batch {batch.id} is {batch.state} at attempt {batch.attempt}, not staged by its current attempt; "
             "a newer attempt owns it.",
             fix="Let the newer attempt finish; this run's staged rows are discarded.",
         )
-    attempt = batch.attempt
-    pipeline = repo.get_pipeline(session, spec.name, lock=True)  # serializes commits of one pipeline
+    pipeline = repo.get_pipeline(session, spec.name, lock=True)
     if pipeline is None or pipeline.id != batch.pipeline_id:
-        raise MicrobatchError(f"Batch {batch_id} does not belong to pipeline {spec.name}.", fix="Check the batch id.")
+        raise MicrobatchError(f"Batch {batch.id} does not belong to pipeline {spec.name}.", fix="Check the batch id.")
+    return pipeline
 
-    ranges = repo.batch_ranges(session, batch_id)
+
+def _context(spec: PipelineSpec, batch: Batch, pipeline: Pipeline) -> CommitContext:
+    """What the sinks see of this batch. A backfill leaves the watermark where the pipeline has it."""
     backfill = batch.kind in BACKFILL_KINDS
-    replay = batch.kind == BatchKind.REPLAY.value
     if backfill:
-        _check_below_positions(session, pipeline.id, batch_id, ranges)
-    if replay:
-        result.replaced = _supersede(session, batch, ranges)
-    gaps = {(g.topic, g.partition): g for g in repo.batch_gaps(session, batch_id)}
+        before = after = (pipeline.state or {}).get("watermark_us")
+    else:
+        before = (batch.state_before or {}).get("watermark_us")
+        after = (batch.state_after or {}).get("watermark_us")
+    return CommitContext(
+        pipeline_id=pipeline.id, batch_id=batch.id, attempt=batch.attempt, backfill=backfill,
+        replay=batch.kind == BatchKind.REPLAY.value, watermark_before=before, watermark_after=after,
+        sinks=sinks_of(spec),
+    )
+
+
+def _advance_positions(
+    session: Session, ctx: CommitContext, ranges: list[OffsetRange], gaps: list[Gap]
+) -> list[PositionMove]:
+    """Compare-and-set the position of every partition the batch read or skipped (a gap), in order."""
+    by_partition = {(g.topic, g.partition): g for g in gaps}
     ends = {r.tp: r for r in ranges}
-    for tp in sorted(set(ends) | {TopicPartition(*key) for key in gaps}):
-        if backfill:
-            break  # a backfill never moves the scheduled cursor
-        gap = gaps.get((tp.topic, tp.partition))
+    moves = []
+    for tp in sorted(set(ends) | {TopicPartition(*key) for key in by_partition}):
+        gap = by_partition.get((tp.topic, tp.partition))
         rng = ends.get(tp)
         start = gap.start if gap else rng.start  # type: ignore[union-attr]
         end = rng.end if rng else gap.end  # type: ignore[union-attr]
-        before = _compare_and_set(session, pipeline.id, batch_id, tp, start, end)
-        result.moves.append(PositionMove(tp, before, end))
+        before = _compare_and_set(session, ctx.pipeline_id, ctx.batch_id, tp, start, end)
+        moves.append(PositionMove(tp, before, end))
+    return moves
 
+
+def _mark_committed(session: Session, batch_id: int) -> None:
+    """Mark the batch's ranges committed; the exclusion constraint refuses any overlap with committed ones."""
     try:
         with session.begin_nested():
             session.execute(text("UPDATE ranges SET committed = true WHERE batch_id = :b"), {"b": batch_id})
@@ -279,85 +177,61 @@ def commit_batch(session: Session, spec: PipelineSpec, batch_id: int, run_id: st
             fix="Nothing was written. Inspect the batch with `microbatch history`.",
         ) from None
 
+
+def _merge_sinks(session: Session, ctx: CommitContext, batch: Batch, result: CommitResult) -> None:
+    """Each sink in spec order: check its staged rows against the stage's count, retract what a replay
+    supersedes, merge."""
     staged_rows = dict(batch.counts.get("rows_by_sink", {}))
-    params = {"batch_id": batch_id, "attempt": attempt}
-    for sink in spec.aggregate_sinks:
-        found = session.execute(
-            text(
-                f"SELECT count(*) FROM {_quote(sink.staging_table)} "
-                "WHERE batch_id = :batch_id AND attempt = :attempt"
-            ),
-            params,
-        ).scalar_one()
-        if found != staged_rows.get(sink.name, 0):
-            raise MicrobatchError(
-                f"Batch {batch_id} attempt {attempt}: {found} rows are staged for sink {sink.name} "
-                f"but the stage recorded {staged_rows.get(sink.name, 0)}.",
-                fix="Nothing was written; the retry stages the batch again.",
-            )
-        if replay:
-            result.retracted_rows[sink.name] = session.execute(
-                text(retract_sql(sink)), {"batch_id": batch_id}).rowcount
-        result.rows_by_sink[sink.name] = session.execute(text(merge_aggregate_sql(sink)), params).rowcount
-        session.execute(text(contributions_sql(sink)), params)
-        if replay:
-            session.execute(text(drop_emptied_sql(sink)), {"batch_id": batch_id})
+    for sink in ctx.sinks.values():
+        sink.check_staged(session, ctx, staged_rows.get(sink.name, 0))
+        if ctx.replay:
+            retracted = sink.retract(session, ctx)
+            if retracted is not None:
+                result.retracted_rows[sink.name] = retracted
+        merged = sink.merge(session, ctx)
+        if merged is not None:
+            result.rows_by_sink[sink.name] = merged
+
+
+def _move_bad_records(session: Session, ctx: CommitContext, batch: Batch, result: CommitResult) -> None:
+    """Staged dead letters and late records into their tables; a late record keeps the watermark that made
+    it late (the batch's own start, even for a backfill)."""
+    params = {**ctx.staged, "pipeline_id": ctx.pipeline_id}
     result.dead_letters = session.execute(
         text(
             'INSERT INTO dead_letters (pipeline_id, batch_id, topic, partition, "offset", raw, error) '
             'SELECT :pipeline_id, batch_id, topic, partition, "offset", raw, error FROM stage_dead_letters '
             "WHERE batch_id = :batch_id AND attempt = :attempt"
         ),
-        {**params, "pipeline_id": pipeline.id},
+        params,
     ).rowcount
-
     result.late_records = session.execute(
         text(
             'INSERT INTO late_records (pipeline_id, batch_id, topic, partition, "offset", event_time, raw, watermark) '
             'SELECT :pipeline_id, batch_id, topic, partition, "offset", event_time, raw, :watermark '
             "FROM stage_late_records WHERE batch_id = :batch_id AND attempt = :attempt"
         ),
-        {**params, "pipeline_id": pipeline.id,
-         "watermark": _micros_to_timestamp((batch.state_before or {}).get("watermark_us"))},
+        {**params, "watermark": watermark_timestamp((batch.state_before or {}).get("watermark_us"))},
     ).rowcount
-    sources = {s.name: s for s in spec.aggregate_sinks}
-    if backfill:
-        # History changes windows that may already be published: publish them again as corrections.
-        result.watermark_before = result.watermark_after = (pipeline.state or {}).get("watermark_us")
-        if result.watermark_after is not None:
-            for kafka_sink in spec.kafka_sinks:
-                make_sql = replay_corrections_sql if replay else corrections_sql
-                seqs = session.execute(
-                    text(make_sql(kafka_sink, sources[kafka_sink.source])),
-                    {"pipeline_id": pipeline.id, "sink": kafka_sink.name, "batch_id": batch_id, "attempt": attempt,
-                     "high": _micros_to_timestamp(result.watermark_after)},
-                ).scalars().all()
-                if seqs:
-                    result.outbox[kafka_sink.name] = (min(seqs), max(seqs))
-    else:
-        result.watermark_before = (batch.state_before or {}).get("watermark_us")
-        result.watermark_after = (batch.state_after or {}).get("watermark_us")
-    if not backfill and result.watermark_after is not None and result.watermark_after != result.watermark_before:
-        for kafka_sink in spec.kafka_sinks:
-            seqs = session.execute(
-                text(outbox_sql(kafka_sink, sources[kafka_sink.source])),
-                {"pipeline_id": pipeline.id, "sink": kafka_sink.name, "batch_id": batch_id,
-                 "low": _micros_to_timestamp(result.watermark_before),
-                 "high": _micros_to_timestamp(result.watermark_after)},
-            ).scalars().all()
-            if seqs:
-                result.outbox[kafka_sink.name] = (min(seqs), max(seqs))
 
-    if not backfill:
+
+def _write_outbox(session: Session, ctx: CommitContext, result: CommitResult) -> None:
+    """The outbox rows of every sink that publishes: final windows, or corrections of a backfill."""
+    for sink in ctx.sinks.values():
+        seqs = sink.write_outbox(session, ctx)
+        if seqs is not None:
+            result.outbox[sink.name] = seqs
+
+
+def _finish(session: Session, ctx: CommitContext, batch: Batch, pipeline: Pipeline, run_id: str | None) -> None:
+    """Advance the pipeline state (not for a backfill), mark the batch committed and delete its staged rows."""
+    if not ctx.backfill:
         pipeline.state = dict(batch.state_after or {})
     batch.state = BatchState.COMMITTED.value
     batch.counts = {**batch.counts, "contributions": True}
     batch.committed_at = session.execute(text("SELECT now()")).scalar_one()
     batch.committed_run_id = run_id
-    for table in [sink.staging_table for sink in spec.aggregate_sinks] + ["stage_dead_letters", "stage_late_records"]:
-        session.execute(text(f"DELETE FROM {_quote(table)} WHERE batch_id = :batch_id"), params)
-    result.seconds = time.monotonic() - started
-    batch.timings = {**batch.timings, "commit_s": round(result.seconds, 3)}
-    session.flush()
-    failpoints.hit("commit.before_commit")
-    return result
+    for sink in ctx.sinks.values():
+        sink.clear_staging(session, ctx)
+    for table in ("stage_dead_letters", "stage_late_records"):
+        session.execute(text(f"DELETE FROM {quote(table)} WHERE batch_id = :batch_id"), ctx.staged)

@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 import logging
 import time
-from dataclasses import dataclass
 
 from kafka import KafkaConsumer, KafkaProducer
 from kafka import TopicPartition as KafkaTopicPartition
@@ -31,26 +30,12 @@ from microbatch.errors import SpecError
 from microbatch.kafka.security import client_kwargs
 from microbatch.ledger import repository as repo
 from microbatch.ledger.database import publish_lock, transaction
+from microbatch.phases.results import PublishResult
 
 log = logging.getLogger(__name__)
 SEQ_HEADER = "microbatch.seq"
 CORRECTION_HEADER = "microbatch.correction"
 _TAIL_WINDOW = 64
-
-
-@dataclass
-class PublishResult:
-    sink: str
-    topic: str
-    resumed_after: int
-    last_seq: int
-    records: int
-    transactions: int
-    seconds: float
-
-    @property
-    def first_seq(self) -> int:
-        return self.resumed_after + 1
 
 
 def _seq_of(headers: list[tuple[str, bytes]] | None) -> int | None:

@@ -8,10 +8,8 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from microbatch.phases.backfill import BackfillOutcome
-    from microbatch.phases.commit import CommitResult
     from microbatch.phases.plan import PlanOutcome
-    from microbatch.phases.publish import PublishResult
-    from microbatch.phases.stage import StageResult
+    from microbatch.phases.results import CommitResult, PublishResult, StageResult
 
 
 _LAG_LINES = 64

@@ -13,7 +13,7 @@ import json
 import logging
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from pyspark import StorageLevel
@@ -23,7 +23,7 @@ from sqlalchemy import make_url
 from sqlalchemy.exc import OperationalError
 
 from microbatch import failpoints
-from microbatch.config import PipelineSpec, PostgresAggregateSink
+from microbatch.config import PipelineSpec
 from microbatch.errors import DataLossError, MicrobatchError, SpecError, StageFailedError
 from microbatch.kafka.offsets import offset_bounds, offsets_client
 from microbatch.kafka.security import spark_client_options
@@ -31,28 +31,15 @@ from microbatch.ledger import repository as repo
 from microbatch.ledger.database import stage_lock, transaction
 from microbatch.ledger.models import BatchState
 from microbatch.phases.reporting import log_stage_summary
+from microbatch.phases.results import StageResult
 from microbatch.planning import data_loss_at_read, lost_ranges
+from microbatch.sinks.base import Sink
+from microbatch.sinks.registry import sinks_of
 from microbatch.spark_remote import is_unavailable
 from microbatch.transform import ERROR_COLUMN, LATE_COLUMN, SparkJob
 from microbatch.types import OffsetRange
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class StageResult:
-    batch_id: int
-    attempt: int
-    records_by_partition: dict[str, int]
-    rows_by_sink: dict[str, int]
-    dead_letters: int
-    late_records: int
-    state_after: dict[str, Any]
-    timings: dict[str, float] = field(default_factory=dict)
-
-    @property
-    def records(self) -> int:
-        return sum(self.records_by_partition.values())
 
 
 def load_job(spec: PipelineSpec) -> SparkJob:
@@ -156,15 +143,16 @@ def _read_metrics(
     return metrics
 
 
-def _sink_rows(spec: PipelineSpec, sink: PostgresAggregateSink, outputs: Mapping[str, DataFrame]) -> DataFrame:
-    """The job's output for `sink`, checked for the columns the staging table needs."""
+def _sink_rows(spec: PipelineSpec, sink: Sink, outputs: Mapping[str, DataFrame]) -> DataFrame:
+    """The job's output for `sink`, checked for the columns its staging table needs."""
+    assert sink.staging is not None
     if sink.name not in outputs:
         raise SpecError(f"{spec.name}: the job produced no output for sink '{sink.name}'.")
-    missing = [c for c in ("topic", "partition", *sink.columns) if c not in outputs[sink.name].columns]
+    missing = [c for c in sink.staging.columns if c not in outputs[sink.name].columns]
     if missing:
         raise SpecError(
             f"{spec.name}: the job's output for sink '{sink.name}' lacks the column(s) {', '.join(missing)}.",
-            fix="Return the sink's columns plus the source topic and partition (group by them as well).",
+            fix=sink.staging.fix,
         )
     return outputs[sink.name]
 
@@ -194,10 +182,74 @@ def stage_batch(
         return _stage_locked(spark, spec, batch_id, ledger_url, bootstrap_servers, waited)
 
 
+@dataclass(frozen=True)
+class _Attempt:
+    """One attempt at staging a batch: what it reads, and the state the batch starts from."""
+
+    batch_id: int
+    attempt: int
+    ranges: list[OffsetRange]
+    state_before: dict[str, Any]
+
+    @property
+    def partition_keys(self) -> list[tuple[str, int]]:
+        return sorted({(r.topic, r.partition) for r in self.ranges})
+
+    def tag(self) -> list[Column]:
+        """The (batch_id, attempt) columns every staged row starts with."""
+        return [F.lit(self.batch_id).cast("bigint").alias("batch_id"), F.lit(self.attempt).cast("int").alias("attempt")]
+
+
 def _stage_locked(
     spark: SparkSession, spec: PipelineSpec, batch_id: int, ledger_url: str, bootstrap_servers: str, waited: bool
 ) -> StageResult | None:
     started = time.monotonic()
+    current = _begin_attempt(batch_id, ledger_url, waited)
+    if current is None:
+        return None
+    log.info("batch %s attempt %s: reading %s range(s)", batch_id, current.attempt, len(current.ranges))
+    for r in current.ranges:
+        log.info("  read %s: %s records planned", r, r.size)
+
+    job = load_job(spec)
+    if not current.ranges:
+        raise ValueError(f"batch {batch_id} has no ranges")
+    records = _read_ranges(spark, spec, current.ranges, bootstrap_servers)
+    keep_observed_metrics(spark)
+    parsed = job.parse(records, spec.job.options, current.state_before)
+    jdbc = jdbc_options(ledger_url)
+    values, rows_by_sink, read_seconds = _stage_outputs(spec, job, parsed, current, jdbc)
+    failpoints.hit("stage.after_read")
+
+    t_write = time.monotonic()
+    dead_count = int(values.get("dead_letters") or 0)
+    late_count = int(values.get("late_records") or 0)
+    _stage_bad_records(parsed, current, dead_count, late_count, jdbc)
+    write_seconds = time.monotonic() - t_write
+    failpoints.hit("stage.after_write")
+
+    records_by_partition = {
+        f"{t}[{p}]": int(values.get(f"records_{i}") or 0) for i, (t, p) in enumerate(current.partition_keys)
+    }
+    state_metrics = {name.removeprefix("state_"): v for name, v in values.items() if name.startswith("state_")}
+    result = StageResult(
+        batch_id=batch_id,
+        attempt=current.attempt,
+        records_by_partition=records_by_partition,
+        rows_by_sink=rows_by_sink,
+        dead_letters=dead_count,
+        late_records=late_count,
+        state_after=job.next_state(current.state_before, state_metrics, spec.job.options),
+        timings={"read_s": round(read_seconds, 3), "stage_write_s": round(write_seconds, 3)},
+    )
+    _record_staged(ledger_url, result)
+    result.timings["stage_total_s"] = round(time.monotonic() - started, 3)
+    failpoints.hit("stage.after_staged")
+    return result
+
+
+def _begin_attempt(batch_id: int, ledger_url: str, waited: bool) -> _Attempt | None:
+    """Take a new attempt number for the batch; None if there is nothing to stage."""
     with transaction(ledger_url) as session:
         batch = repo.get_batch(session, batch_id)
         if batch.state == BatchState.COMMITTED.value:
@@ -211,16 +263,13 @@ def _stage_locked(
         if attempt is None:
             log.info("batch %s is %s; nothing to stage", batch_id, batch.state)
             return None
-        ranges = repo.batch_ranges(session, batch_id)
-        state_before = dict(batch.state_before or {})
-    log.info("batch %s attempt %s: reading %s range(s)", batch_id, attempt, len(ranges))
-    for r in ranges:
-        log.info("  read %s: %s records planned", r, r.size)
+        return _Attempt(batch_id, attempt, repo.batch_ranges(session, batch_id), dict(batch.state_before or {}))
 
-    job = load_job(spec)
-    options = spec.job.options
-    if not ranges:
-        raise ValueError(f"batch {batch_id} has no ranges")
+
+def _read_ranges(
+    spark: SparkSession, spec: PipelineSpec, ranges: list[OffsetRange], bootstrap_servers: str
+) -> DataFrame:
+    """Spark's Kafka source over exactly `ranges` (with the `stage.read` failpoint when it is set)."""
     read_options = kafka_read_options(
         ranges, bootstrap_servers, spec.source.isolation_level, spec.source.min_spark_partitions)
     security = spark_client_options()
@@ -231,30 +280,35 @@ def _stage_locked(
     limit = failpoints.argument("stage.read")
     if limit is not None:
         records = _crash_after_records(records, int(limit or 0))
+    return records
 
-    keep_observed_metrics(spark)
-    parsed = job.parse(records, options, state_before)
-    partition_keys = sorted({(r.topic, r.partition) for r in ranges})
-    observation = Observation(f"batch_{batch_id}_{attempt}")
+
+def _stage_outputs(
+    spec: PipelineSpec, job: SparkJob, parsed: DataFrame, current: _Attempt, jdbc: Mapping[str, str]
+) -> tuple[dict[str, Any], dict[str, int], float]:
+    """Write the job's output for every sink that stages rows, observing the read's metrics on the way:
+    (observed metrics, rows staged per sink, seconds)."""
+    options = spec.job.options
+    observation = Observation(f"batch_{current.batch_id}_{current.attempt}")
     observed = parsed.observe(observation, *[expr.alias(name) for name, expr in
-                                             _read_metrics(job, options, partition_keys).items()])
-    sinks = list(spec.aggregate_sinks)
+                                             _read_metrics(job, options, current.partition_keys).items()])
+    sinks = [sink for sink in sinks_of(spec).values() if sink.staging is not None]
     # One sink: one Spark job reads Kafka, parses, aggregates and writes the staged rows, with the counts and
     # state metrics observed on the way; nothing is cached, so the driver and executor heap stay flat in the
     # batch size. Several sinks share one read through a cache instead.
     shared = len(sinks) != 1
     if shared:
         observed = observed.persist(StorageLevel.MEMORY_AND_DISK)
-    jdbc = jdbc_options(ledger_url)
-    tag = [F.lit(batch_id).cast("bigint").alias("batch_id"), F.lit(attempt).cast("int").alias("attempt")]
+    tag = current.tag()
     good = observed.where(F.col(ERROR_COLUMN).isNull() & ~F.col(LATE_COLUMN))
-    outputs = job.outputs(good, options, state_before)
+    outputs = job.outputs(good, options, current.state_before)
     rows_by_sink: dict[str, int] = {}
     t_read = time.monotonic()
     for sink in sinks:
-        out = _sink_rows(spec, sink, outputs).select(*tag, "topic", "partition", *sink.columns)
-        counted = Observation(f"batch_{batch_id}_{attempt}_{sink.name}")
-        _write_staging(out.observe(counted, F.count(F.lit(1)).alias("rows")), sink.staging_table, jdbc)
+        assert sink.staging is not None
+        out = _sink_rows(spec, sink, outputs).select(*tag, *sink.staging.columns)
+        counted = Observation(f"batch_{current.batch_id}_{current.attempt}_{sink.name}")
+        _write_staging(out.observe(counted, F.count(F.lit(1)).alias("rows")), sink.staging.table, jdbc)
         rows_by_sink[sink.name] = int(counted.get["rows"])
     if not sinks:
         observed.count()
@@ -262,54 +316,41 @@ def _stage_locked(
     read_seconds = time.monotonic() - t_read
     if shared:
         observed.unpersist()
-    failpoints.hit("stage.after_read")
+    return values, rows_by_sink, read_seconds
 
-    # Dead letters and late records keep their raw bytes; only when the pass above saw some does a second,
-    # filtered read of the same ranges (immutable offsets, so the same records) stage them.
-    t_write = time.monotonic()
-    dead_count = int(values.get("dead_letters") or 0)
-    late_count = int(values.get("late_records") or 0)
-    if dead_count or late_count:
-        bad = parsed.where(F.col(ERROR_COLUMN).isNotNull() | F.col(LATE_COLUMN)).persist(StorageLevel.MEMORY_AND_DISK)
-        if dead_count:
-            _write_staging(bad.where(F.col(ERROR_COLUMN).isNotNull()).select(
-                *tag, "topic", "partition", "offset", F.col("value").alias("raw"), F.col(ERROR_COLUMN).alias("error"),
-            ), "stage_dead_letters", jdbc)
-        if late_count:
-            _write_staging(bad.where(F.col(LATE_COLUMN)).select(
-                *tag, "topic", "partition", "offset", "event_time", F.col("value").alias("raw"),
-            ), "stage_late_records", jdbc)
-        bad.unpersist()
-    write_seconds = time.monotonic() - t_write
-    failpoints.hit("stage.after_write")
 
-    records_by_partition = {
-        f"{t}[{p}]": int(values.get(f"records_{i}") or 0) for i, (t, p) in enumerate(partition_keys)
-    }
-    state_metrics = {name.removeprefix("state_"): v for name, v in values.items() if name.startswith("state_")}
-    state_after = job.next_state(state_before, state_metrics, options)
-    result = StageResult(
-        batch_id=batch_id,
-        attempt=attempt,
-        records_by_partition=records_by_partition,
-        rows_by_sink=rows_by_sink,
-        dead_letters=dead_count,
-        late_records=late_count,
-        state_after=state_after,
-        timings={"read_s": round(read_seconds, 3), "stage_write_s": round(write_seconds, 3)},
-    )
+def _stage_bad_records(
+    parsed: DataFrame, current: _Attempt, dead_count: int, late_count: int, jdbc: Mapping[str, str]
+) -> None:
+    """Dead letters and late records keep their raw bytes; only when the pass above saw some does a second,
+    filtered read of the same ranges (immutable offsets, so the same records) stage them."""
+    if not (dead_count or late_count):
+        return
+    tag = current.tag()
+    bad = parsed.where(F.col(ERROR_COLUMN).isNotNull() | F.col(LATE_COLUMN)).persist(StorageLevel.MEMORY_AND_DISK)
+    if dead_count:
+        _write_staging(bad.where(F.col(ERROR_COLUMN).isNotNull()).select(
+            *tag, "topic", "partition", "offset", F.col("value").alias("raw"), F.col(ERROR_COLUMN).alias("error"),
+        ), "stage_dead_letters", jdbc)
+    if late_count:
+        _write_staging(bad.where(F.col(LATE_COLUMN)).select(
+            *tag, "topic", "partition", "offset", "event_time", F.col("value").alias("raw"),
+        ), "stage_late_records", jdbc)
+    bad.unpersist()
+
+
+def _record_staged(ledger_url: str, result: StageResult) -> None:
+    """Record `staged(attempt, counts, state_after)` on the batch row: the commit checks the staged rows
+    against these counts."""
     counts = {
         "records": result.records,
-        "records_by_partition": records_by_partition,
-        "rows_by_sink": rows_by_sink,
-        "dead_letters": dead_count,
-        "late_records": late_count,
+        "records_by_partition": result.records_by_partition,
+        "rows_by_sink": result.rows_by_sink,
+        "dead_letters": result.dead_letters,
+        "late_records": result.late_records,
     }
     with transaction(ledger_url) as session:
-        repo.record_staged(session, batch_id, attempt, counts, state_after, result.timings)
-    result.timings["stage_total_s"] = round(time.monotonic() - started, 3)
-    failpoints.hit("stage.after_staged")
-    return result
+        repo.record_staged(session, result.batch_id, result.attempt, counts, result.state_after, result.timings)
 
 
 def is_data_loss(exc: BaseException) -> bool:

@@ -1,0 +1,140 @@
+"""The one interface of a sink type, called by the stage and the commit phases.
+
+A sink type is a subclass of `Sink` that overrides only what it does:
+
+- **stage** (Spark, before the commit): `staging` names the table the stage writes the job's output for this
+  sink to, tagged (batch_id, attempt), and the columns it takes from that output. `None`: nothing is staged.
+- **commit** (one Postgres transaction, the caller's session; a sink never commits): in this order, for each
+  sink of the pipeline in spec order, `check_staged`, then `retract` (replay batches only), then `merge`; later
+  `write_outbox`; last `clear_staging`.
+- **publish**: a sink that others publish from answers `published_rows` with the rows that became
+  publishable in this commit; a sink that publishes (kafka) reads them in `write_outbox`.
+
+Every method takes the caller's session and runs set-based SQL inside Postgres; none commits or rolls back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, ClassVar
+
+from sqlalchemy import text
+from sqlalchemy.orm import Session
+
+from microbatch.config import SinkSpec
+from microbatch.errors import MicrobatchError
+
+
+def quote(identifier: str) -> str:
+    """A SQL identifier, double-quoted."""
+    # Identifiers come from a validated spec (lower-case SQL identifiers); quoting is belt and braces.
+    return '"' + identifier.replace('"', '""') + '"'
+
+
+def watermark_timestamp(micros: int | None) -> datetime | None:
+    """A watermark of the pipeline state (microseconds since the epoch) as the timestamptz SQL compares."""
+    return None if micros is None else datetime.fromtimestamp(micros / 1_000_000, tz=UTC)
+
+
+@dataclass(frozen=True)
+class Staging:
+    """What the stage writes for one sink: the job's output named after the sink, these columns, appended to
+    `table` with `batch_id` and `attempt` in front."""
+
+    table: str
+    columns: tuple[str, ...]
+    fix: str
+    """What to change when the job's output lacks some of `columns`."""
+
+
+@dataclass(frozen=True)
+class CommitContext:
+    """The batch being committed, as every sink sees it inside the commit's transaction."""
+
+    pipeline_id: int
+    batch_id: int
+    attempt: int
+    backfill: bool
+    """A backfill or replay batch: it never moves the scheduled cursor, and what it changes in windows that
+    are already final is published again as corrections."""
+    replay: bool
+    """A replay batch: it supersedes committed ranges, whose contributions the sinks retract."""
+    watermark_before: int | None
+    watermark_after: int | None
+    """The pipeline's watermark (microseconds) before and after this batch; a backfill leaves it unchanged."""
+    sinks: Mapping[str, Sink]
+    """Every sink of the pipeline by name, so one sink can publish another's rows."""
+
+    @property
+    def staged(self) -> dict[str, int]:
+        """The parameters that select this batch's staged rows."""
+        return {"batch_id": self.batch_id, "attempt": self.attempt}
+
+
+@dataclass(frozen=True)
+class PublishedRows:
+    """Rows of a sink that a publishing sink sends in this commit, as a SQL relation named `final`."""
+
+    relation: str
+    """`(SELECT ...) AS final`, or `final` when `ctes` defines it."""
+    order: str
+    """The columns that number the rows, so the outbox order is stable."""
+    params: dict[str, Any]
+    correction: bool = False
+    """The rows correct values that were already published (a backfill or a replay changed them)."""
+    ctes: str = ""
+    """`WITH ... final AS (...) ` (with its trailing space) when `relation` is a common table expression."""
+
+
+class Sink:
+    """A sink of one pipeline: its spec plus what the stage and the commit ask of it. Every default does
+    nothing, so a sink type overrides only the steps it takes part in."""
+
+    type: ClassVar[str]
+    """The spec's `type` that selects this class."""
+    staging: Staging | None = None
+
+    def __init__(self, spec: SinkSpec) -> None:
+        self.spec = spec
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    def check_staged(self, session: Session, ctx: CommitContext, recorded: int) -> None:
+        """Refuse to commit unless the staging table holds exactly the rows the stage recorded."""
+        if self.staging is None:
+            return
+        found = session.execute(
+            text(f"SELECT count(*) FROM {quote(self.staging.table)} WHERE batch_id = :batch_id AND attempt = :attempt"),
+            ctx.staged,
+        ).scalar_one()
+        if found != recorded:
+            raise MicrobatchError(
+                f"Batch {ctx.batch_id} attempt {ctx.attempt}: {found} rows are staged for sink {self.name} "
+                f"but the stage recorded {recorded}.",
+                fix="Nothing was written; the retry stages the batch again.",
+            )
+
+    def retract(self, session: Session, ctx: CommitContext) -> int | None:
+        """Replay only, before `merge`: take back what the ranges this batch supersedes wrote (rows touched)."""
+        return None
+
+    def merge(self, session: Session, ctx: CommitContext) -> int | None:
+        """Move this batch's staged rows into the sink (rows written), finishing any retraction of a replay."""
+        return None
+
+    def published_rows(self, ctx: CommitContext) -> PublishedRows | None:
+        """The rows of this sink that became publishable in this commit; None if there are none."""
+        return None
+
+    def write_outbox(self, session: Session, ctx: CommitContext) -> tuple[int, int] | None:
+        """Write this sink's outbox rows for the batch; (first, last) sequence written, None if none."""
+        return None
+
+    def clear_staging(self, session: Session, ctx: CommitContext) -> None:
+        """Delete the batch's staged rows, of every attempt."""
+        if self.staging is not None:
+            session.execute(text(f"DELETE FROM {quote(self.staging.table)} WHERE batch_id = :batch_id"), ctx.staged)

@@ -1,0 +1,152 @@
+"""`postgres_aggregate`: a Postgres table whose sum columns add up on conflict of its key columns.
+
+The stage writes the job's partial aggregates per source partition to `stage_<table>`. The commit merges
+them with one `INSERT ... SELECT ... ON CONFLICT DO UPDATE` that adds the sums, and keeps them per
+(batch, topic, partition) in `<table>_contributions`. A replay subtracts the contributions of the ranges
+it supersedes before adding its own, then removes the rows that only those contributions held. A windowed
+aggregate is published (by a kafka sink) one row per key of each window that became final, and again as a
+correction when a backfill or a replay changes a final window.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import text
+from sqlalchemy.orm import Session
+
+from microbatch.config import PostgresAggregateSink
+from microbatch.sinks.base import CommitContext, PublishedRows, Sink, Staging, quote, watermark_timestamp
+
+
+def merge_aggregate_sql(sink: PostgresAggregateSink) -> str:
+    """Set-based merge of one batch's staged partial aggregates into the sink table."""
+    keys = ", ".join(quote(k) for k in sink.keys)
+    sums = ", ".join(f"sum({quote(c)})" for c in sink.sum_columns)
+    updates = ", ".join(
+        f"{quote(c)} = {quote(sink.table)}.{quote(c)} + EXCLUDED.{quote(c)}" for c in sink.sum_columns
+    )
+    return (
+        f"INSERT INTO {quote(sink.table)} ({keys}, {', '.join(quote(c) for c in sink.sum_columns)}) "
+        f"SELECT {keys}, {sums} FROM {quote(sink.staging_table)} "
+        f"WHERE batch_id = :batch_id AND attempt = :attempt GROUP BY {keys} "
+        f"ON CONFLICT ({keys}) DO UPDATE SET {updates}"
+    )
+
+
+def contributions_sql(sink: PostgresAggregateSink) -> str:
+    """Keep this batch's staged partial aggregates per source partition (what a replay retracts)."""
+    group = ", ".join(quote(c) for c in ("topic", "partition", *sink.keys))
+    sums = ", ".join(f"sum({quote(c)})" for c in sink.sum_columns)
+    columns = ", ".join(quote(c) for c in ("topic", "partition", *sink.columns))
+    return (
+        f"INSERT INTO {quote(sink.contributions_table)} (batch_id, {columns}) "
+        f"SELECT :batch_id, {group}, {sums} FROM {quote(sink.staging_table)} "
+        f"WHERE batch_id = :batch_id AND attempt = :attempt GROUP BY {group}"
+    )
+
+
+def _replaced_sums(sink: PostgresAggregateSink) -> str:
+    """The summed contributions of the ranges that the replay batch :batch_id superseded."""
+    keys = ", ".join(f"c.{quote(k)}" for k in sink.keys)
+    sums = ", ".join(f"sum(c.{quote(c)}) AS {quote(c)}" for c in sink.sum_columns)
+    return (
+        f"SELECT {keys}, {sums} FROM {quote(sink.contributions_table)} c JOIN ranges g "
+        "ON g.batch_id = c.batch_id AND g.topic = c.topic AND g.partition = c.partition "
+        f"WHERE g.superseded_by = :batch_id GROUP BY {keys}"
+    )
+
+
+def retract_sql(sink: PostgresAggregateSink) -> str:
+    """Subtract the superseded contributions from the sink table."""
+    updates = ", ".join(f"{quote(c)} = s.{quote(c)} - r.{quote(c)}" for c in sink.sum_columns)
+    match = " AND ".join(f"s.{quote(k)} = r.{quote(k)}" for k in sink.keys)
+    return f"UPDATE {quote(sink.table)} AS s SET {updates} FROM ({_replaced_sums(sink)}) AS r WHERE {match}"
+
+
+def drop_emptied_sql(sink: PostgresAggregateSink) -> str:
+    """Rows that only the superseded contributions held, now all zero, are removed."""
+    match = " AND ".join(f"s.{quote(k)} = r.{quote(k)}" for k in sink.keys)
+    zero = " AND ".join(f"s.{quote(c)} = 0" for c in sink.sum_columns)
+    return f"DELETE FROM {quote(sink.table)} AS s USING ({_replaced_sums(sink)}) AS r WHERE {match} AND {zero}"
+
+
+def final_windows_sql(sink: PostgresAggregateSink) -> str:
+    """The rows of the windows that became final between the watermarks :low (exclusive) and :high."""
+    assert sink.window is not None
+    window_end = quote(sink.window.end)
+    columns = ", ".join(quote(c) for c in sink.columns)
+    return (
+        f"(SELECT {columns} FROM {quote(sink.table)} "
+        f"WHERE {window_end} > coalesce(:low, '-infinity'::timestamptz) AND {window_end} <= :high) AS final"
+    )
+
+
+def changed_final_windows_sql(sink: PostgresAggregateSink) -> str:
+    """The rows of the final windows (ending at or before :high) that a backfill batch's staged rows touch."""
+    assert sink.window is not None
+    keys = ", ".join(quote(k) for k in sink.keys)
+    columns = ", ".join(f"s.{quote(c)}" for c in sink.columns)
+    return (
+        f"(SELECT {columns} FROM {quote(sink.table)} s "
+        f"WHERE ({', '.join(f's.{quote(k)}' for k in sink.keys)}) IN "
+        f"(SELECT {keys} FROM {quote(sink.staging_table)} WHERE batch_id = :batch_id AND attempt = :attempt) "
+        f"AND s.{quote(sink.window.end)} <= :high) AS final"
+    )
+
+
+def replay_changes_sql(sink: PostgresAggregateSink) -> str:
+    """Common table expressions ending in `final`: the final windows whose value the replay changed (a key
+    the replay emptied has zero)."""
+    assert sink.window is not None
+    keys = ", ".join(quote(k) for k in sink.keys)
+    sums = ", ".join(f"sum({quote(c)}) AS {quote(c)}" for c in sink.sum_columns)
+    differs = " OR ".join(
+        f"coalesce(new.{quote(c)}, 0) <> coalesce(old.{quote(c)}, 0)" for c in sink.sum_columns)
+    values = ", ".join(f"coalesce(s.{quote(c)}, 0) AS {quote(c)}" for c in sink.sum_columns)
+    return (
+        f"WITH new AS (SELECT {keys}, {sums} FROM {quote(sink.staging_table)} "
+        f"WHERE batch_id = :batch_id AND attempt = :attempt GROUP BY {keys}), "
+        f"old AS ({_replaced_sums(sink)}), "
+        f"changed AS (SELECT {keys} FROM new FULL JOIN old USING ({keys}) WHERE {differs}), "
+        f"final AS (SELECT {keys}, {values} FROM changed LEFT JOIN {quote(sink.table)} s USING ({keys}) "
+        f"WHERE {quote(sink.window.end)} <= :high) "
+    )
+
+
+class PostgresAggregate(Sink):
+    type = "postgres_aggregate"
+    spec: PostgresAggregateSink
+
+    def __init__(self, spec: PostgresAggregateSink) -> None:
+        super().__init__(spec)
+        self.staging = Staging(
+            table=spec.staging_table,
+            columns=("topic", "partition", *spec.columns),
+            fix="Return the sink's columns plus the source topic and partition (group by them as well).",
+        )
+
+    def retract(self, session: Session, ctx: CommitContext) -> int:
+        return session.execute(text(retract_sql(self.spec)), {"batch_id": ctx.batch_id}).rowcount
+
+    def merge(self, session: Session, ctx: CommitContext) -> int:
+        merged = session.execute(text(merge_aggregate_sql(self.spec)), ctx.staged).rowcount
+        session.execute(text(contributions_sql(self.spec)), ctx.staged)
+        if ctx.replay:
+            session.execute(text(drop_emptied_sql(self.spec)), {"batch_id": ctx.batch_id})
+        return merged
+
+    def published_rows(self, ctx: CommitContext) -> PublishedRows | None:
+        """Scheduled batch: every key of the windows that the watermark's advance made final. Backfill or
+        replay: the final windows it changed, as corrections, while the watermark stands where it is."""
+        keys = ", ".join(quote(k) for k in self.spec.keys)
+        high = watermark_timestamp(ctx.watermark_after)
+        if ctx.backfill:
+            if ctx.watermark_after is None:
+                return None
+            params = {**ctx.staged, "high": high}
+            if ctx.replay:
+                return PublishedRows("final", keys, params, correction=True, ctes=replay_changes_sql(self.spec))
+            return PublishedRows(changed_final_windows_sql(self.spec), keys, params, correction=True)
+        if ctx.watermark_after is None or ctx.watermark_after == ctx.watermark_before:
+            return None
+        return PublishedRows(final_windows_sql(self.spec), keys,
+                             {"low": watermark_timestamp(ctx.watermark_before), "high": high})
