@@ -303,12 +303,29 @@ class WindowSpec(_Strict):
         return _check_identifier(value)
 
 
+ColumnType = Literal["text", "bigint", "integer", "smallint", "double precision", "real", "numeric", "boolean",
+                     "timestamptz", "timestamp", "date", "jsonb", "bytea", "uuid"]
+"""The PostgreSQL types a sink column may have."""
+
+SOURCE_COORDINATES = ("topic", "partition", "offset")
+"""Columns the platform adds to row sinks: where each row came from. A spec may not declare them."""
+
+
+def _check_columns(columns: dict[str, str]) -> dict[str, str]:
+    for name in columns:
+        _check_identifier(name)
+    return columns
+
+
 class PostgresAggregateSink(_Strict):
     """A Postgres table whose numeric columns are summed on conflict of its key columns."""
 
     name: str
     type: Literal["postgres_aggregate"] = "postgres_aggregate"
     table: str
+    columns: dict[str, ColumnType] | None = None
+    """Each column's PostgreSQL type (the keys and the sum columns); with it, `microbatch migrate` creates the
+    table, its contributions table and its staging table. Without it, they must exist."""
     keys: list[str] = Field(min_length=1)
     sum_columns: list[str] = Field(min_length=1)
     window: WindowSpec | None = None
@@ -324,10 +341,20 @@ class PostgresAggregateSink(_Strict):
     def _identifiers(cls, values: list[str]) -> list[str]:
         return [_check_identifier(v) for v in values]
 
+    @field_validator("columns")
+    @classmethod
+    def _column_names(cls, columns: dict[str, str] | None) -> dict[str, str] | None:
+        return None if columns is None else _check_columns(columns)
+
     @model_validator(mode="after")
     def _window_in_keys(self) -> PostgresAggregateSink:
         if self.window and not {self.window.start, self.window.end} <= set(self.keys):
             raise ValueError("window: its start and end columns must be among the keys")
+        if self.columns is not None and set(self.columns) != {*self.keys, *self.sum_columns}:
+            missing = sorted({*self.keys, *self.sum_columns} - set(self.columns))
+            extra = sorted(set(self.columns) - {*self.keys, *self.sum_columns})
+            raise ValueError(f"columns: must type exactly the keys and sum columns (missing {missing or 'none'}, "
+                             f"not a key or sum column {extra or 'none'})")
         return self
 
     @property
@@ -341,18 +368,80 @@ class PostgresAggregateSink(_Strict):
         return f"{self.table}_contributions"
 
     @property
-    def columns(self) -> list[str]:
+    def key_and_sum_columns(self) -> list[str]:
         return [*self.keys, *self.sum_columns]
 
 
+class _RowSink(_Strict):
+    """A Postgres table of rows (not sums): each row keeps the source coordinates of the record it came from."""
+
+    name: str
+    table: str
+    columns: dict[str, ColumnType] = Field(min_length=1)
+    """Each column's PostgreSQL type, in table order; `microbatch migrate` creates the table from it, with the
+    source coordinates `topic`, `partition` and `offset` added."""
+    include_late: bool = True
+    """Take records whose event-time window was already final (a raw landing table takes every valid record);
+    false: they go to `late_records` as for an aggregate."""
+
+    @field_validator("name", "table")
+    @classmethod
+    def _identifier(cls, value: str) -> str:
+        return _check_identifier(value)
+
+    @field_validator("columns")
+    @classmethod
+    def _column_names(cls, columns: dict[str, str]) -> dict[str, str]:
+        reserved = sorted(set(columns) & set(SOURCE_COORDINATES))
+        if reserved:
+            raise ValueError(f"declares {', '.join(reserved)}, which the platform adds itself; remove or rename it")
+        return _check_columns(columns)
+
+    @property
+    def staging_table(self) -> str:
+        return f"stage_{self.table}"
+
+
+class PostgresAppendSink(_RowSink):
+    """Every output row inserted once, with its source topic, partition and offset; a replay replaces the rows
+    of the ranges it recomputes."""
+
+    type: Literal["postgres_append"]
+
+
+class PostgresUpsertSink(_RowSink):
+    """The last value per key: the greatest (`order_by`, then topic, partition, offset) among all committed
+    records; a record whose `delete_column` is true, or whose non-key columns are all null, removes the key."""
+
+    type: Literal["postgres_upsert"]
+    keys: list[str] = Field(min_length=1)
+    order_by: str | None = None
+    """A column that orders the versions of a key before the source coordinates (e.g. an event time)."""
+    delete_column: str | None = None
+    """A boolean output column (not stored) that marks a record as a delete of its key: a tombstone."""
+
+    @model_validator(mode="after")
+    def _columns_known(self) -> PostgresUpsertSink:
+        for field_name, names in (("keys", self.keys), ("order_by", [self.order_by] if self.order_by else [])):
+            unknown = [n for n in names if n not in self.columns]
+            if unknown:
+                raise ValueError(f"{field_name}: {', '.join(unknown)} is not among the columns; declare it in columns")
+        if self.delete_column is not None and self.delete_column in self.columns:
+            raise ValueError(f"delete_column: '{self.delete_column}' marks deletes and is not stored; remove it "
+                             "from columns")
+        return self
+
+
 class KafkaSink(_Strict):
-    """Publishes the final windows of an aggregate sink to a Kafka topic, exactly once, via the outbox."""
+    """Publishes rows of another sink to a Kafka topic, exactly once, via the outbox: each final window of a
+    windowed aggregate, or each row of an append sink."""
 
     name: str
     type: Literal["kafka"]
     topic: str
     source: str
-    """The name of the windowed `postgres_aggregate` sink whose final windows are published."""
+    """The name of the sink whose rows are published: a windowed `postgres_aggregate` (each final window once)
+    or a `postgres_append` (each row once)."""
     key: str
     """The column used as the Kafka record key."""
     connection: str = "kafka_default"
@@ -369,8 +458,9 @@ class KafkaSink(_Strict):
         return f"microbatch.{self.name}"
 
 
-SinkSpec = Annotated[PostgresAggregateSink | KafkaSink, Field(discriminator="type")]
-_SINK_TAGS = {"postgres_aggregate", "kafka"}
+SinkSpec = Annotated[PostgresAggregateSink | PostgresAppendSink | PostgresUpsertSink | KafkaSink,
+                     Field(discriminator="type")]
+_SINK_TAGS = {"postgres_aggregate", "postgres_append", "postgres_upsert", "kafka"}
 
 
 class RetrySpec(_Strict):
@@ -453,13 +543,15 @@ class PipelineSpec(_Strict):
         names = [sink.name for sink in self.sinks]
         if len(set(names)) != len(names):
             raise ValueError("sinks: two sinks share a name; give each sink its own name")
-        aggregates = {s.name: s for s in self.sinks if isinstance(s, PostgresAggregateSink)}
+        by_name = {s.name: s for s in self.sinks}
         for sink in self.kafka_sinks:
-            source = aggregates.get(sink.source)
-            if source is None or source.window is None:
+            source = by_name.get(sink.source)
+            windowed = isinstance(source, PostgresAggregateSink) and source.window is not None
+            if not (windowed or isinstance(source, PostgresAppendSink)):
                 raise ValueError(f"sinks: kafka sink '{sink.name}' must name a windowed postgres_aggregate sink "
-                                 "in 'source'")
-            if sink.key not in source.columns:
+                                 "or a postgres_append sink in 'source'")
+            names = source.columns if isinstance(source, PostgresAppendSink) else source.key_and_sum_columns
+            if sink.key not in names:
                 raise ValueError(f"sinks: kafka sink '{sink.name}' key '{sink.key}' is not a column of '{source.name}'")
         return self
 

@@ -36,7 +36,7 @@ def contributions_sql(sink: PostgresAggregateSink) -> str:
     """Keep this batch's staged partial aggregates per source partition (what a replay retracts)."""
     group = ", ".join(quote(c) for c in ("topic", "partition", *sink.keys))
     sums = ", ".join(f"sum({quote(c)})" for c in sink.sum_columns)
-    columns = ", ".join(quote(c) for c in ("topic", "partition", *sink.columns))
+    columns = ", ".join(quote(c) for c in ("topic", "partition", *sink.key_and_sum_columns))
     return (
         f"INSERT INTO {quote(sink.contributions_table)} (batch_id, {columns}) "
         f"SELECT :batch_id, {group}, {sums} FROM {quote(sink.staging_table)} "
@@ -73,7 +73,7 @@ def final_windows_sql(sink: PostgresAggregateSink) -> str:
     """The rows of the windows that became final between the watermarks :low (exclusive) and :high."""
     assert sink.window is not None
     window_end = quote(sink.window.end)
-    columns = ", ".join(quote(c) for c in sink.columns)
+    columns = ", ".join(quote(c) for c in sink.key_and_sum_columns)
     return (
         f"(SELECT {columns} FROM {quote(sink.table)} "
         f"WHERE {window_end} > coalesce(:low, '-infinity'::timestamptz) AND {window_end} <= :high) AS final"
@@ -84,7 +84,7 @@ def changed_final_windows_sql(sink: PostgresAggregateSink) -> str:
     """The rows of the final windows (ending at or before :high) that a backfill batch's staged rows touch."""
     assert sink.window is not None
     keys = ", ".join(quote(k) for k in sink.keys)
-    columns = ", ".join(f"s.{quote(c)}" for c in sink.columns)
+    columns = ", ".join(f"s.{quote(c)}" for c in sink.key_and_sum_columns)
     return (
         f"(SELECT {columns} FROM {quote(sink.table)} s "
         f"WHERE ({', '.join(f's.{quote(k)}' for k in sink.keys)}) IN "
@@ -120,7 +120,7 @@ class PostgresAggregate(Sink):
         super().__init__(spec)
         self.staging = Staging(
             table=spec.staging_table,
-            columns=("topic", "partition", *spec.columns),
+            columns=("topic", "partition", *spec.key_and_sum_columns),
             fix="Return the sink's columns plus the source topic and partition (group by them as well).",
         )
 
