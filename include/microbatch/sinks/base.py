@@ -9,6 +9,8 @@ A sink type is a subclass of `Sink` that overrides only what it does:
   `write_outbox`; last `clear_staging`.
 - **publish**: a sink that others publish from answers `published_rows` with the rows that became
   publishable in this commit; a sink that publishes (kafka) reads them in `write_outbox`.
+- **schema** (`microbatch migrate` and the plan check, sinks/schema.py): `tables` defines the sink's tables
+  (the sink table, its staging table, any side table) on a SQLAlchemy `MetaData`; `[]`: it has none.
 
 Every method takes the caller's session and runs set-based SQL inside Postgres; none commits or rolls back.
 """
@@ -20,8 +22,11 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, ClassVar
 
+import sqlalchemy as sa
 from sqlalchemy import text
+from sqlalchemy.dialects import postgresql
 from sqlalchemy.orm import Session
+from sqlalchemy.types import TypeEngine
 
 from microbatch.config import SinkSpec
 from microbatch.errors import MicrobatchError
@@ -31,6 +36,37 @@ def quote(identifier: str) -> str:
     """A SQL identifier, double-quoted."""
     # Identifiers come from a validated spec (lower-case SQL identifiers); quoting is belt and braces.
     return '"' + identifier.replace('"', '""') + '"'
+
+
+_SQL_TYPES: dict[str, Any] = {
+    "text": sa.Text,
+    "bigint": sa.BigInteger,
+    "integer": sa.Integer,
+    "smallint": sa.SmallInteger,
+    "double precision": postgresql.DOUBLE_PRECISION,
+    "real": postgresql.REAL,
+    "numeric": sa.Numeric,
+    "boolean": sa.Boolean,
+    "timestamptz": lambda: postgresql.TIMESTAMP(timezone=True),
+    "timestamp": lambda: postgresql.TIMESTAMP(timezone=False),
+    "date": sa.Date,
+    "jsonb": postgresql.JSONB,
+    "bytea": postgresql.BYTEA,
+    "uuid": postgresql.UUID,
+}
+
+
+def sql_type(column_type: str) -> TypeEngine[Any]:
+    """The SQLAlchemy type of a spec's column type (one of `config.ColumnType`)."""
+    try:
+        return _SQL_TYPES[column_type]()
+    except KeyError:
+        raise ValueError(f"'{column_type}' is not a column type a sink supports") from None
+
+
+def staging_columns() -> list[sa.Column[Any]]:
+    """The two columns every staging table starts with: the batch and attempt that staged the row."""
+    return [sa.Column("batch_id", sa.BigInteger, nullable=False), sa.Column("attempt", sa.Integer, nullable=False)]
 
 
 def watermark_timestamp(micros: int | None) -> datetime | None:
@@ -102,6 +138,12 @@ class Sink:
     @property
     def name(self) -> str:
         return self.spec.name
+
+    def tables(self, metadata: sa.MetaData) -> list[sa.Table]:
+        """This sink's tables, defined on `metadata`: the sink table with its primary key and indexes, its
+        staging table `stage_<table>` (`batch_id`, `attempt`, the staged columns, an index on both) and any side
+        table. `microbatch migrate` creates what is missing; the plan refuses a batch while they differ."""
+        return []
 
     def check_staged(self, session: Session, ctx: CommitContext, recorded: int) -> None:
         """Refuse to commit unless the staging table holds exactly the rows the stage recorded."""
