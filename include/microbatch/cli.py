@@ -423,27 +423,37 @@ def verify(pipeline: str, as_json: JsonFlag = False) -> None:
 
 
 @app.command()
-def counts(limit: Annotated[int, typer.Option(min=1)] = 15) -> None:
-    """The ip_count sink: the busiest (window, ip) pairs and the totals."""
-    from sqlalchemy import text
-
+def show(
+    pipeline: str,
+    sink: Annotated[str | None, typer.Argument(help="A Postgres sink of the pipeline; its first one when omitted.")]
+    = None,
+    limit: Annotated[int, typer.Option(min=1, help="Rows to print.")] = 15,
+) -> None:
+    """A Postgres sink's table: its first rows (the largest sums of an aggregate, the newest rows of a row sink),
+    its row count and totals, and the pipeline's dead letters and late records."""
+    from microbatch.config import PostgresAggregateSink, find_spec
+    from microbatch.ledger import queries
     from microbatch.ledger.database import transaction
 
+    spec = find_spec(pipeline)
+    tables = [s for s in spec.sinks if hasattr(s, "table")]
+    chosen = next((s for s in tables if s.name == sink), None) if sink else (tables[0] if tables else None)
+    if chosen is None:
+        raise SpecError(f"Pipeline '{pipeline}' has no Postgres sink '{sink}'.",
+                        fix=f"Use one of: {', '.join(s.name for s in tables) or 'none'}.")
+    if isinstance(chosen, PostgresAggregateSink):
+        sums, order = list(chosen.sum_columns), [f"{chosen.sum_columns[0]} DESC", *chosen.keys]
+    else:
+        sums, order = [], ["topic", "partition", "offset DESC"]
     with transaction(_ledger_url()) as session:
-        top = session.execute(text(
-            "SELECT window_start, window_end, ip, count FROM ip_counts ORDER BY count DESC, window_start, ip LIMIT :n"
-        ), {"n": limit}).all()
-        windows, rows, total = session.execute(
-            text("SELECT count(DISTINCT window_start), count(*), coalesce(sum(count), 0) FROM ip_counts")
-        ).one()
-        dead = session.execute(text("SELECT count(*) FROM dead_letters")).scalar_one()
-        late = session.execute(text("SELECT count(*) FROM late_records")).scalar_one()
-    table = Table(title=f"ip_counts: {total} requests in {rows} rows over {windows} windows; {dead} dead letters; "
-                        f"{late} late records")
-    for column in ("window_start", "window_end", "ip", "count"):
+        view = queries.sink_view(session, _pipeline_id(session, pipeline), chosen.table, order, sums, limit)
+    totals = "".join(f", sum of {column} {value}" for column, value in view.sums.items())
+    table = Table(title=f"{chosen.name} ({chosen.type}): {view.total_rows} rows{totals}; {view.dead_letters} dead "
+                        f"letters, {view.late_records} late records")
+    for column in view.columns:
         table.add_column(column)
-    for row in top:
-        table.add_row(f"{row[0]:%H:%M:%S}", f"{row[1]:%H:%M:%S}", row[2], str(row[3]))
+    for row in view.rows:
+        table.add_row(*(value.isoformat(sep=" ") if hasattr(value, "isoformat") else str(value) for value in row))
     console.print(table)
 
 
@@ -495,7 +505,7 @@ def demo(count: int = 10_000) -> None:
     if not outcomes or outcomes[-1].state != "success":
         console.print(f"[red]the ip_count run failed[/red]; the cause is in {log_file}", highlight=False)
         raise typer.Exit(1)
-    counts()
+    show("ip_count", "ip_counts", limit=15)
     status("ip_count")
     history("ip_count", limit=10)
     console.print(f"demo done in {time.monotonic() - started:.0f}s. The services keep running: try "

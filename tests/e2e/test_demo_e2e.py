@@ -26,7 +26,7 @@ from microbatch.dev.process import port_open
 pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).resolve().parents[2]
 VENV = ROOT / ".venv"
-SUMMARY = re.compile(r"ip_counts: (\d+) requests in (\d+) rows over (\d+) windows; (\d+) dead letters; "
+SUMMARY = re.compile(r"ip_counts \(postgres_aggregate\): (\d+) rows, sum of count (\d+); (\d+) dead letters, "
                      r"(\d+) late records")
 # The oracle's own reading of an nginx access-log line (not the Spark job's parser).
 LINE = re.compile(r'^(\S+) \S+ \S+ \[(\d{2}/\w{3}/\d{4}:\d{2}:\d{2}:\d{2} [+-]\d{4})\] "[^"]*" \d{3} \d+')
@@ -94,7 +94,7 @@ def _source_records(bootstrap: str) -> list[bytes]:
 def _summary(output: str) -> tuple[int, int, int]:
     match = SUMMARY.search(output)
     assert match, f"no ip_counts summary in the demo's output:\n{output[-3000:]}"
-    total, _, _, dead, late = (int(g) for g in match.groups())
+    _, total, dead, late = (int(g) for g in match.groups())
     return total, dead, late
 
 

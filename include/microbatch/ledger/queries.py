@@ -218,3 +218,35 @@ def find_offset(session: Session, pipeline: int, topic: str, partition: int, off
     if gap:
         return OffsetOwner("gap", gap.batch_id, None, gap.start_offset, gap.end_offset, gap.reason)
     return OffsetOwner("none")
+
+
+@dataclass
+class SinkView:
+    """A sink table as `microbatch show` prints it: its columns, its first rows, and its totals."""
+
+    columns: list[str]
+    rows: list[tuple]
+    total_rows: int
+    sums: dict[str, Any]
+    dead_letters: int
+    late_records: int
+
+
+def sink_view(session: Session, pipeline: int, table: str, order_by: list[str], sum_columns: list[str],
+              limit: int) -> SinkView:
+    """The first `limit` rows of a sink table in `order_by` order (a column with ` DESC` sorts down), its row
+    count and the totals of `sum_columns`, with the pipeline's dead-letter and late-record counts. Names come
+    from a validated spec (SQL identifiers)."""
+    def quoted(name: str) -> str:
+        column, _, direction = name.partition(" ")
+        return f'"{column}" {direction}'.strip()
+
+    result = session.execute(text(f'SELECT * FROM "{table}" ORDER BY {", ".join(map(quoted, order_by))} LIMIT :n'),
+                             {"n": limit})
+    columns, rows = list(result.keys()), [tuple(row) for row in result.all()]
+    totals = ", ".join(["count(*)", *(f'coalesce(sum("{c}"), 0)' for c in sum_columns)])
+    total_rows, *sums = session.execute(text(f'SELECT {totals} FROM "{table}"')).one()
+    dead, late = session.execute(text(
+        "SELECT (SELECT count(*) FROM dead_letters WHERE pipeline_id = :p), "
+        "(SELECT count(*) FROM late_records WHERE pipeline_id = :p)"), {"p": pipeline}).one()
+    return SinkView(columns, rows, total_rows, dict(zip(sum_columns, sums, strict=True)), dead, late)
