@@ -98,7 +98,7 @@ class StartupSpec(_Strict):
     reset: OffsetReset = OffsetReset.EARLIEST
     """Start of a partition with no committed group offset."""
 
-    @field_validator("timestamp", mode="before")
+    @field_validator("timestamp", mode="before", json_schema_input_type=int | str | None)
     @classmethod
     def _timestamp(cls, value: Any) -> int | None:
         if value is None:
@@ -197,12 +197,12 @@ class SourceSpec(_Strict):
                 data["commit_group_offsets"] = {"enabled": mirror, "group_id": group_id}
         return data
 
-    @field_validator("commit_group_offsets", mode="before")
+    @field_validator("commit_group_offsets", mode="before", json_schema_input_type=CommitGroupOffsets | bool)
     @classmethod
     def _mirror_short_form(cls, value: Any) -> Any:
         return {"enabled": value} if isinstance(value, bool) else value
 
-    @field_validator("startup", mode="before")
+    @field_validator("startup", mode="before", json_schema_input_type=StartupSpec | Startup)
     @classmethod
     def _startup_short_form(cls, value: Any) -> Any:
         if isinstance(value, str):

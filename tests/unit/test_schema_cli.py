@@ -18,3 +18,21 @@ def test_schema_prints_the_spec_json_schema():
     assert schema["title"] == "PipelineSpec"
     assert "source" in schema["properties"]
     assert {"name", "source", "job", "sinks"} <= set(schema["required"])
+
+
+def test_every_shipped_spec_passes_the_schema_an_editor_checks_and_a_bad_one_fails():
+    import jsonschema
+    import yaml
+
+    from microbatch.config import PipelineSpec
+
+    schema = PipelineSpec.model_json_schema()
+    for path in sorted((ROOT / "include" / "pipelines").glob("*.yaml")):
+        jsonschema.validate(yaml.safe_load(path.read_text()), schema)  # short forms included (startup: earliest)
+    bad = yaml.safe_load((ROOT / "include" / "pipelines" / "ip_count.yaml").read_text())
+    bad["source"]["startup"] = 7
+    try:
+        jsonschema.validate(bad, schema)
+    except jsonschema.ValidationError:
+        return
+    raise AssertionError("a startup of 7 passed the schema")
