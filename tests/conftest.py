@@ -81,5 +81,3 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     order = {"unit": 0, "integration": 1, "e2e": 2, "chaos": 3}
     items.sort(key=lambda item: order.get(Path(item.fspath).parent.name, 9))
 
-
-os.environ.setdefault("MICROBATCH_TEST", "1")
