@@ -8,6 +8,8 @@ from __future__ import annotations
 import logging
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -28,31 +30,35 @@ class RunOutcome:
         return self.task_states.get("plan") == "skipped"
 
 
-def ensure_airflow_db() -> None:
-    """Create or upgrade Airflow's own metadata DB (sqlite under AIRFLOW_HOME) once."""
+@contextmanager
+def metadata_db() -> Iterator[None]:
+    """Airflow's own metadata DB (sqlite under AIRFLOW_HOME), migrated once, held by this process alone.
+
+    Two runs started together (a scheduled run and a backfill, each `dag.test()` in its own process) would
+    both migrate a fresh file ("table ... already exists") and both insert the same new DAG rows ("UNIQUE
+    constraint failed: dag.dag_id"); under this file lock the first does it and the other then finds it done.
+    """
     import fcntl
     import os
 
     home = Path(os.environ["AIRFLOW_HOME"])
     marker = home / ".microbatch-db-migrated"
-    if marker.exists():
-        return
-    # Two first runs at once (a scheduled run and a backfill) would both migrate a fresh sqlite file and the
-    # second fail with "table ... already exists": the first migrates, the other waits and then finds the marker.
     with (home / ".microbatch-db-migrate.lock").open("w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not marker.exists():
             subprocess.run([str(Path(sys.executable).parent / "airflow"), "db", "migrate"], check=True,
                            stdout=subprocess.DEVNULL)
             marker.touch()
+        yield
 
 
 def run_once(pipeline: str, backfill: dict | None = None) -> RunOutcome:
     """One DAG run of the pipeline (or, with `backfill` params, of its backfill DAG), in this process."""
     localenv.apply()
-    ensure_airflow_db()
-    from microbatch.airflow.dags import backfill_dag, pipeline_dag
+    from microbatch.airflow.dags import backfill_dag, pipeline_dag, sync_dag_files
 
+    with metadata_db():
+        sync_dag_files()  # dag.test() syncs again, then finds every row current: no insert races another run
     dag = backfill_dag(pipeline) if backfill is not None else pipeline_dag(pipeline)
     dag_run = dag.test(run_conf=backfill)
     # In the order the tasks ran (plan, stage, commit, publish); tasks that never started last.

@@ -209,3 +209,20 @@ def _publish_task(spec: PipelineSpec) -> Any:
         return summary
 
     return publish
+
+
+def sync_dag_files() -> None:
+    """Write the DAGs of every DAG bundle (this project's dags/) to Airflow's metadata DB, as `dag.test()` does
+    first; the caller holds the metadata DB to itself (`runner.metadata_db`)."""
+    from airflow.dag_processing.bundles.manager import DagBundlesManager
+    from airflow.dag_processing.dagbag import BundleDagBag, sync_bag_to_db
+    from airflow.utils.session import create_session
+
+    manager = DagBundlesManager()
+    with create_session() as session:
+        manager.sync_bundles_to_db(session=session)
+    for bundle in manager.get_all_dag_bundles():
+        if not bundle.is_initialized:
+            bundle.initialize()
+        sync_bag_to_db(BundleDagBag(dag_folder=bundle.path, bundle_path=bundle.path, bundle_name=bundle.name),
+                       bundle.name, bundle.version)
