@@ -108,10 +108,15 @@ def _run_log_path(name: str) -> Path:
 
 @app.command()
 def migrate() -> None:
-    """Create or upgrade the ledger schema (Alembic upgrade head)."""
-    from microbatch.ledger.database import migrate as run_migrate
+    """Create or upgrade the ledger schema (Alembic upgrade head), then create the sink tables of every spec in
+    the pipelines directory and apply additive changes (a new table, index or nullable column); a destructive
+    change is refused with one sentence and nothing is changed."""
+    from microbatch.ledger.database import migrate_sinks, upgrade_ledger
 
-    console.print(f"ledger schema at revision {run_migrate(_ledger_url())}")
+    url = _ledger_url()
+    console.print(f"ledger schema at revision {upgrade_ledger(url)}")
+    for pipeline, done in migrate_sinks(url).items():
+        console.print(f"{pipeline}: " + ("; ".join(done) if done else "sink tables up to date"))
 
 
 app.command("init-db", help="Alias of migrate.")(migrate)

@@ -61,7 +61,7 @@ def transaction(url: str) -> Iterator[Session]:
         yield session
 
 
-def migrate(url: str, revision: str = "head") -> str:
+def upgrade_ledger(url: str, revision: str = "head") -> str:
     """Upgrade the ledger schema with Alembic and return the revision it is now at."""
     from alembic import command
     from alembic.config import Config
@@ -76,6 +76,24 @@ def migrate(url: str, revision: str = "head") -> str:
     with get_engine(url).connect() as conn:
         current = MigrationContext.configure(conn).get_current_revision() or "base"
     log.info("ledger schema at revision %s (%s)", current, safe_url(url))
+    return current
+
+
+def migrate_sinks(url: str, directory: Path | None = None) -> dict[str, list[str]]:
+    """Create or extend the sink tables of every spec in the pipelines directory (sinks/schema.py), in one
+    transaction; what was done per pipeline. A refused change raises `SpecError` and nothing is changed."""
+    from microbatch.sinks.schema import migrate_pipelines  # the sinks' tables come from the specs, not Alembic
+
+    with get_engine(url).begin() as conn:
+        return migrate_pipelines(conn, directory)
+
+
+def migrate(url: str, revision: str = "head") -> str:
+    """Upgrade the ledger schema with Alembic, then (at head) create or extend the sink tables of every spec in
+    the pipelines directory; return the ledger revision."""
+    current = upgrade_ledger(url, revision)
+    if revision == "head":
+        migrate_sinks(url)
     return current
 
 

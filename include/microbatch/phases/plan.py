@@ -7,9 +7,13 @@ batch is always reused: a retry never plans new ranges while an earlier batch is
 
 from __future__ import annotations
 
+import ast
 import logging
+import sys
 import time
 from dataclasses import dataclass
+from importlib.machinery import ModuleSpec, PathFinder
+from pathlib import Path
 
 from sqlalchemy.orm import Session
 
@@ -17,12 +21,16 @@ from microbatch.config import OnDataLoss, PipelineSpec
 from microbatch.errors import SpecError
 from microbatch.kafka.offsets import discover_source, offset_bounds, offsets_client, startup_lookups
 from microbatch.ledger import repository as repo
-from microbatch.ledger.database import transaction
+from microbatch.ledger.database import get_engine, transaction
 from microbatch.ledger.models import BatchState
 from microbatch.planning import data_loss_at_read, lost_ranges, needs_group_offsets, needs_offsets_for_time, plan_batch
+from microbatch.runtime import PROJECT_ROOT
+from microbatch.sinks import schema
 from microbatch.types import OffsetRange, Plan, StartupOffsets, TopicPartition
 
 log = logging.getLogger(__name__)
+JOB_METHODS = ("parse", "state_metrics", "next_state", "outputs")
+"""The methods of the transform contract (`transform.SparkJob`)."""
 
 
 @dataclass
@@ -49,6 +57,7 @@ def plan_next_batch(
     the mode applies once. Every fresh plan records the lag of each partition.
     """
     started = time.monotonic()
+    check_pipeline(spec, ledger_url)
     earliest, latest, looked_up = _read_broker(spec, ledger_url, bootstrap_servers)
     with transaction(ledger_url) as session:
         pipeline = repo.ensure_pipeline(session, spec, lock=True)
@@ -122,3 +131,115 @@ def _reuse_open_batch(
     repo.abandon_batch(session, open_batch.id, error.message)
     log.warning("abandoned batch %s: %s", open_batch.id, error.message)
     return None
+
+
+def check_pipeline(spec: PipelineSpec, ledger_url: str) -> None:
+    """Before anything is written: the sink tables exist and match the spec, and the transform can be found and
+    has the contract's methods. A mismatch raises `SpecError` (terminal: a retry cannot help)."""
+    check_transform(spec)
+    with get_engine(ledger_url).connect() as conn:
+        schema.check(conn, spec)
+
+
+def check_transform(spec: PipelineSpec) -> None:
+    """`job.transform` names a module the stage can import and, in it, an object with the contract's methods.
+
+    The module is found and read, not imported: importing it would import pyspark, which only the stage may.
+    What the source does not show (an object built by a factory, or imported from elsewhere) is taken on trust;
+    the stage imports it for real."""
+    module_name, _, attribute = spec.job.transform.partition(":")
+    where = f"{spec.name}.yaml: field 'job.transform' names '{spec.job.transform}'"
+    found = _find_module(module_name)
+    if found is None:
+        raise SpecError(f"{where}, but module {module_name} is not found (on the Python path or in the project "
+                        f"{PROJECT_ROOT}); fix the module path, or add the module.")
+    if not (found.origin and found.origin.endswith(".py")):
+        return  # a compiled or namespace module: nothing to read
+    try:
+        tree = ast.parse(Path(found.origin).read_text(), filename=found.origin)
+    except (OSError, SyntaxError, ValueError) as exc:
+        line = f" at line {exc.lineno}" if isinstance(exc, SyntaxError) and exc.lineno else ""
+        raise SpecError(f"{where}, but {found.origin} cannot be read as Python{line} ({type(exc).__name__}); "
+                        "fix the module.") from None
+    methods = _job_methods(tree, attribute)
+    if methods is _ABSENT:
+        raise SpecError(f"{where}, but module {module_name} defines no '{attribute}'; fix the name after the "
+                        "colon, or define it in the module.")
+    missing = [m for m in JOB_METHODS if methods is not None and m not in methods]
+    if missing:
+        raise SpecError(f"{where}, but '{attribute}' lacks the method(s) {', '.join(missing)} of the transform "
+                        f"contract ({', '.join(JOB_METHODS)}); add them (see microbatch/transform.py).")
+
+
+def _find_module(name: str) -> ModuleSpec | None:
+    """Where `name` would be imported from (the Python path, then the project root that the stage's
+    `--py-files` zip is made from), without running any of its packages' code."""
+    locations = [*sys.path, str(PROJECT_ROOT)]
+    found = None
+    parts = name.split(".")
+    for depth in range(len(parts)):
+        try:
+            found = PathFinder.find_spec(".".join(parts[: depth + 1]), locations)
+        except (ImportError, ValueError):
+            return None
+        if found is None:
+            return None
+        if depth < len(parts) - 1:
+            if not found.submodule_search_locations:
+                return None  # a module, not a package: it has no submodules
+            locations = list(found.submodule_search_locations)
+    return found
+
+
+_ABSENT: set[str] = set()
+"""`_job_methods`: the module does not bind the name at all."""
+
+
+def _job_methods(tree: ast.Module, attribute: str) -> set[str] | None:
+    """The methods of the object the module binds to `attribute`: a class's, or those of the class it is an
+    instance of; `_ABSENT` if the module never binds the name; None if the source cannot tell (taken on trust)."""
+    classes = {node.name: node for node in tree.body if isinstance(node, ast.ClassDef)}
+    bound: ast.AST | None = None
+    for node in tree.body:
+        if (isinstance(node, ast.FunctionDef) and node.name == "__getattr__") or "*" in _names_bound(node):
+            return None  # the module makes attributes up, or takes another module's names
+        if attribute in _names_bound(node):
+            bound = getattr(node, "value", None) if isinstance(node, ast.Assign | ast.AnnAssign) else node
+    if bound is None:
+        # Bound only under an `if`, a `try` or the like, the source cannot tell which binding wins.
+        return None if any(attribute in _names_bound(node) for node in ast.walk(tree)) else _ABSENT
+    if isinstance(bound, ast.Call) and isinstance(bound.func, ast.Name):
+        bound = classes.get(bound.func.id, bound)
+    if isinstance(bound, ast.ClassDef):
+        return _class_methods(bound, classes)
+    if isinstance(bound, ast.FunctionDef | ast.AsyncFunctionDef):
+        return set()  # a function is not an object with the contract's methods
+    return None
+
+
+def _names_bound(node: ast.AST) -> set[str]:
+    """The names one statement binds in its scope."""
+    if isinstance(node, ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
+        return {node.name}
+    if isinstance(node, ast.Import | ast.ImportFrom):
+        return {alias.asname or alias.name.split(".")[0] for alias in node.names}
+    targets = node.targets if isinstance(node, ast.Assign) else [getattr(node, "target", None)]
+    if isinstance(node, ast.Assign | ast.AnnAssign | ast.AugAssign | ast.For | ast.AsyncFor | ast.NamedExpr):
+        return {n.id for t in targets if t is not None for n in ast.walk(t) if isinstance(n, ast.Name)}
+    return set()
+
+
+def _class_methods(cls: ast.ClassDef, classes: dict[str, ast.ClassDef]) -> set[str] | None:
+    """The methods a class defines or inherits from classes of the same module; None if a base lies elsewhere."""
+    methods = {node.name for node in cls.body if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)}
+    for base in cls.bases:
+        parent = classes.get(base.id) if isinstance(base, ast.Name) else None
+        if parent is None or parent is cls:
+            if isinstance(base, ast.Name) and base.id in ("object", "Protocol", "SparkJob"):
+                continue
+            return None
+        inherited = _class_methods(parent, classes)
+        if inherited is None:
+            return None
+        methods |= inherited
+    return methods

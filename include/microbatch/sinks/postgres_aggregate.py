@@ -10,11 +10,22 @@ correction when a backfill or a replay changes a final window.
 
 from __future__ import annotations
 
+import sqlalchemy as sa
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
 from microbatch.config import PostgresAggregateSink
-from microbatch.sinks.base import CommitContext, PublishedRows, Sink, Staging, quote, watermark_timestamp
+from microbatch.sinks.base import (
+    CommitContext,
+    PublishedRows,
+    Sink,
+    Staging,
+    batches_table,
+    quote,
+    sql_type,
+    staging_columns,
+    watermark_timestamp,
+)
 
 
 def merge_aggregate_sql(sink: PostgresAggregateSink) -> str:
@@ -123,6 +134,37 @@ class PostgresAggregate(Sink):
             columns=("topic", "partition", *spec.key_and_sum_columns),
             fix="Return the sink's columns plus the source topic and partition (group by them as well).",
         )
+
+    def tables(self, metadata: sa.MetaData) -> list[sa.Table]:
+        """With `columns`: the sink table (its keys the primary key, an index on a window's end for finality),
+        `stage_<table>` (per source partition) and `<table>_contributions`. Every key and sum column is NOT
+        NULL. Without `columns`: none, the tables must exist."""
+        spec = self.spec
+        if spec.columns is None:
+            return []
+        columns = spec.columns
+
+        def typed(*names: str) -> list[sa.Column]:
+            return [sa.Column(name, sql_type(columns[name]), nullable=False) for name in names]
+
+        def source() -> list[sa.Column]:
+            return [sa.Column("topic", sa.Text, nullable=False), sa.Column("partition", sa.Integer, nullable=False)]
+
+        table = sa.Table(spec.table, metadata, *typed(*spec.key_and_sum_columns),
+                         sa.PrimaryKeyConstraint(*spec.keys, name=f"pk_{spec.table}"))
+        if spec.window is not None:  # finality and publishing select by the window's end
+            sa.Index(f"ix_{spec.table}_{spec.window.end}", table.c[spec.window.end])
+        staging = sa.Table(spec.staging_table, metadata, *staging_columns(), *typed(*spec.key_and_sum_columns),
+                           *source())
+        sa.Index(f"ix_{spec.staging_table}_batch", staging.c.batch_id, staging.c.attempt)
+        contributions = sa.Table(
+            spec.contributions_table, metadata,
+            sa.Column("batch_id", sa.BigInteger, sa.ForeignKey(batches_table(metadata).c.id), nullable=False),
+            *source(), *typed(*spec.key_and_sum_columns),
+            sa.PrimaryKeyConstraint("batch_id", "topic", "partition", *spec.keys,
+                                    name=f"pk_{spec.contributions_table}"),
+        )
+        return [table, staging, contributions]
 
     def retract(self, session: Session, ctx: CommitContext) -> int:
         return session.execute(text(retract_sql(self.spec)), {"batch_id": ctx.batch_id}).rowcount
