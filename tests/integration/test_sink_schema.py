@@ -183,6 +183,9 @@ def test_plan_refuses_a_missing_table(ledger_url: str, kafka, topic: str, no_bat
     assert message == ("pages: sink table page_views does not exist; run `microbatch migrate`, which creates the "
                        "sink tables the spec declares.")
     undeclared = page_views(columns=None)
+    with get_engine(ledger_url).begin() as conn:  # migrate cannot create them, and says so
+        assert [line.split(" (")[0] for line in apply(conn, undeclared)] == [
+            "not created: page_views", "not created: stage_page_views", "not created: page_views_contributions"]
     message = plan_refusal(with_topic(undeclared, topic), ledger_url, kafka.bootstrap_servers)
     assert message.startswith("pages: sink table page_views does not exist and the spec declares no columns")
 
@@ -220,3 +223,22 @@ def test_plan_opens_a_batch_when_all_matches(ledger_url: str, kafka, topic: str)
     producer.close()
     outcome = plan_next_batch(with_topic(IP_COUNT, topic), ledger_url, kafka.bootstrap_servers)
     assert outcome.batch_id is not None and outcome.records == 3
+
+
+def test_every_column_type_round_trips(ledger_url: str) -> None:
+    # A table made from the spec compares equal to the spec, for every type a spec may name (no false drift).
+    from typing import get_args
+
+    from microbatch.config import ColumnType
+
+    typed = {f"c_{name.replace(' ', '_')}": name for name in get_args(ColumnType)}
+    spec = page_views(columns={"page": "text", **typed}, keys=["page"], sum_columns=list(typed))
+    with get_engine(ledger_url).begin() as conn:
+        apply(conn, spec)
+    with get_engine(ledger_url).connect() as conn:
+        changes = plan_changes(conn, sink_metadata(spec))
+        assert not changes, changes
+    drifted = page_views(columns={"page": "text", **typed, "c_timestamptz": "timestamp"}, keys=["page"],
+                         sum_columns=list(typed))
+    assert "column c_timestamptz is timestamptz in the database but the spec says timestamp" in refusal(
+        ledger_url, drifted)
