@@ -242,3 +242,23 @@ def test_every_column_type_round_trips(ledger_url: str) -> None:
                          sum_columns=list(typed))
     assert "column c_timestamptz is timestamptz in the database but the spec says timestamp" in refusal(
         ledger_url, drifted)
+
+
+def test_the_cli_refuses_a_type_change_with_one_sentence(ledger_url: str, tmp_path: Path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    with get_engine(ledger_url).begin() as conn:
+        apply(conn, page_views())
+    write_spec(tmp_path / "pipelines", page_views(columns={"page": "text", "minute": "timestamptz",
+                                                             "views": "integer"}))
+    env = {**os.environ, "MICROBATCH_LEDGER_URL": ledger_url, "MICROBATCH_PIPELINES_DIR": str(tmp_path / "pipelines")}
+    result = subprocess.run([sys.executable, "-m", "microbatch.cli", "migrate"], env=env, capture_output=True,
+                            text=True, timeout=180, check=False)
+    output = " ".join((result.stdout + result.stderr).split())
+    assert result.returncode == 2, output
+    assert ("error: pages: sink table page_views: column views is bigint in the database but the spec says "
+            "integer; change the spec back") in output
+    assert "Traceback" not in output
+    assert columns_of(ledger_url, "page_views")["views"] == "BIGINT"
