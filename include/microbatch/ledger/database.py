@@ -19,6 +19,7 @@ from microbatch.settings import LEDGER_CONN_ID, LEDGER_URL_ENV
 
 log = logging.getLogger(__name__)
 MIGRATIONS = Path(__file__).resolve().parent / "migrations"
+MIGRATE_LOCK_NAMESPACE = 0x6D6D  # 'mm': the advisory lock of `migrate_sinks`
 
 
 def safe_url(url: str) -> str:
@@ -85,6 +86,8 @@ def migrate_sinks(url: str, directory: Path | None = None) -> dict[str, list[str
     from microbatch.sinks.schema import migrate_pipelines  # the sinks' tables come from the specs, not Alembic
 
     with get_engine(url).begin() as conn:
+        # Two migrates at once would both find a table missing and both create it; the second waits instead.
+        conn.execute(text("SELECT pg_advisory_xact_lock(:ns, 0)"), {"ns": MIGRATE_LOCK_NAMESPACE})
         return migrate_pipelines(conn, directory)
 
 

@@ -37,6 +37,7 @@ from microbatch.sinks.registry import sinks_of
 log = logging.getLogger(__name__)
 
 _AGAIN = "run microbatch migrate again"
+_MAX_NAME = 63
 _SPEC_TYPE_NAMES = ("text", "bigint", "integer", "smallint", "double precision", "real", "numeric", "boolean",
                     "timestamptz", "timestamp", "date", "jsonb", "bytea", "uuid")
 
@@ -46,7 +47,12 @@ def sink_metadata(spec: PipelineSpec) -> sa.MetaData:
     tables reference, which is neither created nor compared)."""
     metadata = sa.MetaData()
     for sink in sinks_of(spec).values():
-        sink.tables(metadata)
+        for table in sink.tables(metadata):
+            names = [table.name, *(i.name for i in table.indexes), *(c.name for c in table.constraints)]
+            too_long = next((n for n in names if isinstance(n, str) and len(n) > _MAX_NAME), None)
+            if too_long:  # Postgres would cut it short, and the comparison would never match
+                raise SpecError(f"{spec.name}: sink '{sink.name}' needs the name {too_long}, longer than Postgres's "
+                                f"{_MAX_NAME} characters; give the sink a shorter table name.")
     return metadata
 
 
