@@ -300,13 +300,12 @@ def _stage_outputs(
     if shared:
         observed = observed.persist(StorageLevel.MEMORY_AND_DISK)
     tag = current.tag()
-    good = observed.where(F.col(ERROR_COLUMN).isNull() & ~F.col(LATE_COLUMN))
-    outputs = job.outputs(good, options, current.state_before)
+    outputs = _job_outputs(job, observed, options, current.state_before, sinks)
     rows_by_sink: dict[str, int] = {}
     t_read = time.monotonic()
     for sink in sinks:
         assert sink.staging is not None
-        out = _sink_rows(spec, sink, outputs).select(*tag, *sink.staging.columns)
+        out = _sink_rows(spec, sink, outputs[sink.name]).select(*tag, *sink.staging.columns)
         counted = Observation(f"batch_{current.batch_id}_{current.attempt}_{sink.name}")
         _write_staging(out.observe(counted, F.count(F.lit(1)).alias("rows")), sink.staging.table, jdbc)
         rows_by_sink[sink.name] = int(counted.get["rows"])
@@ -317,6 +316,29 @@ def _stage_outputs(
     if shared:
         observed.unpersist()
     return values, rows_by_sink, read_seconds
+
+
+def takes_late_records(sink: Sink) -> bool:
+    """Whether a sink takes the late records as well (a row sink with `include_late`, e.g. a raw landing
+    table); an aggregate never does, so its windows that may be published stay final."""
+    return bool(getattr(sink, "include_late", False))
+
+
+def _job_outputs(
+    job: SparkJob, observed: DataFrame, options: Mapping[str, Any], state: Mapping[str, Any], sinks: list[Sink]
+) -> dict[str, Mapping[str, DataFrame]]:
+    """The job's outputs that each sink stages from, by sink name.
+
+    Late records (valid, but for a window already final when the batch began) still go to `late_records`,
+    as before. A sink that takes late records too gets its output from a second call of `job.outputs` over
+    every valid row (the `late` column tells them apart); every other sink from the call over the good,
+    on-time rows. So the job contract stays as it was: `outputs` returns each sink's rows from the rows it
+    is given, and a job needs no change to feed a raw landing table. Both calls build plans over the same
+    read (cached when several sinks share it), so Kafka is still read once."""
+    valid = observed.where(F.col(ERROR_COLUMN).isNull())
+    on_time = job.outputs(valid.where(~F.col(LATE_COLUMN)), options, state)
+    with_late = job.outputs(valid, options, state) if any(takes_late_records(s) for s in sinks) else on_time
+    return {sink.name: with_late if takes_late_records(sink) else on_time for sink in sinks}
 
 
 def _stage_bad_records(

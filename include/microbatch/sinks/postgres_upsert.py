@@ -1,0 +1,157 @@
+"""`postgres_upsert`: the last value per key, tombstones included, exact under replay.
+
+"Last" is a total order: the greatest (`order_by` if the spec gives one, nulls lowest; then topic, partition
+and offset) among all committed, non-superseded records. A record whose `delete_column` is true, or whose
+value columns (neither keys nor `order_by`) are all null, is a tombstone: if it wins, the key is absent.
+
+The commit keeps, in `<table>_versions`, each key's greatest record of every (batch, topic, partition) it
+committed (what the aggregate's contributions table is to a sum), tombstones included, and rebuilds a key's
+row from its versions whenever a batch touches the key. A replay deletes the versions of the ranges it
+supersedes and rebuilds the keys they held before it adds its own, so the table ends exactly as if the
+history had been processed once in order, also for keys whose winner came from a later batch.
+"""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+from sqlalchemy import text
+from sqlalchemy.orm import Session
+
+from microbatch.config import SOURCE_COORDINATES, PostgresUpsertSink
+from microbatch.sinks.base import CommitContext, Sink, Staging, quote, sql_type, staging_columns
+from microbatch.sinks.postgres_append import coordinate_columns
+
+
+def versions_table(sink: PostgresUpsertSink) -> str:
+    """Every committed (batch, topic, partition)'s greatest record per key, kept so a replay can rebuild."""
+    return f"{sink.table}_versions"
+
+
+def _cols(names: list[str] | tuple[str, ...], alias: str = "") -> str:
+    prefix = f"{alias}." if alias else ""
+    return ", ".join(f"{prefix}{quote(n)}" for n in names)
+
+
+def _order(sink: PostgresUpsertSink, alias: str = "") -> str:
+    """Greatest first: the order column (nulls lowest), then topic, partition and offset."""
+    prefix = f"{alias}." if alias else ""
+    first = [f"{prefix}{quote(sink.order_by)} DESC NULLS LAST"] if sink.order_by else []
+    return ", ".join([*first, *(f"{prefix}{quote(c)} DESC" for c in SOURCE_COORDINATES)])
+
+
+def tombstone_sql(sink: PostgresUpsertSink, alias: str) -> str:
+    """True for a staged record that deletes its key."""
+    values = [c for c in sink.columns if c not in sink.keys and c != sink.order_by]
+    checks = [f"coalesce({alias}.{quote(sink.delete_column)}, false)"] if sink.delete_column else []
+    if values:
+        checks.append("(" + " AND ".join(f"{alias}.{quote(c)} IS NULL" for c in values) + ")")
+    return " OR ".join(checks) if checks else "false"
+
+
+def stored_columns(sink: PostgresUpsertSink) -> tuple[str, ...]:
+    return (*sink.columns, *SOURCE_COORDINATES)
+
+
+def add_versions_sql(sink: PostgresUpsertSink) -> str:
+    """Keep this batch's greatest staged record per (topic, partition, key) as its versions."""
+    columns = stored_columns(sink)
+    partition_keys = _cols(["topic", "partition", *sink.keys], "s")
+    return (
+        f"INSERT INTO {quote(versions_table(sink))} (batch_id, {_cols(columns)}, deleted) "
+        f"SELECT DISTINCT ON ({partition_keys}) :batch_id, {_cols(columns, 's')}, {tombstone_sql(sink, 's')} "
+        f"FROM {quote(sink.staging_table)} s WHERE s.batch_id = :batch_id AND s.attempt = :attempt "
+        f"ORDER BY {partition_keys}, {_order(sink, 's')}"
+    )
+
+
+def _rebuild_sql(sink: PostgresUpsertSink, touched: str, excluded: str = "") -> list[str]:
+    """Delete the rows of the keys in the relation `touched`, then insert each such key's winning version
+    (unless it is a tombstone), ignoring versions that match `excluded`."""
+    keys = _cols(sink.keys)
+    match = " AND ".join(f"t.{quote(k)} = k.{quote(k)}" for k in sink.keys)
+    vmatch = " AND ".join(f"v.{quote(k)} = k.{quote(k)}" for k in sink.keys)
+    columns = stored_columns(sink)
+    where = f" AND NOT ({excluded})" if excluded else ""
+    return [
+        f"DELETE FROM {quote(sink.table)} t USING (SELECT DISTINCT {keys} FROM {touched}) k WHERE {match}",
+        f"INSERT INTO {quote(sink.table)} ({_cols(columns)}) SELECT {_cols(columns)} FROM ("
+        f"SELECT DISTINCT ON ({_cols(sink.keys, 'v')}) v.* FROM {quote(versions_table(sink))} v "
+        f"JOIN (SELECT DISTINCT {keys} FROM {touched}) k ON {vmatch}{where} "
+        f"ORDER BY {_cols(sink.keys, 'v')}, {_order(sink, 'v')}) w WHERE NOT w.deleted",
+    ]
+
+
+def merge_sql(sink: PostgresUpsertSink) -> list[str]:
+    """The statements of a merge: add the batch's versions, then rebuild the keys it staged."""
+    staged = f"{quote(sink.staging_table)} WHERE batch_id = :batch_id AND attempt = :attempt"
+    return [add_versions_sql(sink), *_rebuild_sql(sink, staged)]
+
+
+_SUPERSEDED = ("EXISTS (SELECT 1 FROM ranges g WHERE g.superseded_by = :batch_id AND g.batch_id = {v}.batch_id "
+               "AND g.topic = {v}.topic AND g.partition = {v}.partition)")
+
+
+def retract_sql(sink: PostgresUpsertSink) -> list[str]:
+    """The statements of a replay's retraction: rebuild the keys that the superseded versions held from the
+    other versions, then delete the superseded versions."""
+    superseded = f"{quote(versions_table(sink))} r WHERE {_SUPERSEDED.format(v='r')}"
+    return [
+        *_rebuild_sql(sink, superseded, excluded=_SUPERSEDED.format(v="v")),
+        f"DELETE FROM {quote(versions_table(sink))} r WHERE {_SUPERSEDED.format(v='r')}",
+    ]
+
+
+class PostgresUpsert(Sink):
+    type = "postgres_upsert"
+    spec: PostgresUpsertSink
+
+    def __init__(self, spec: PostgresUpsertSink) -> None:
+        super().__init__(spec)
+        delete = (spec.delete_column,) if spec.delete_column else ()
+        self.staging = Staging(
+            table=spec.staging_table,
+            columns=(*spec.columns, *delete, *SOURCE_COORDINATES),
+            fix="Return the sink's columns (and its delete_column) plus each record's source topic, partition "
+                "and offset.",
+        )
+
+    @property
+    def include_late(self) -> bool:
+        """The stage hands this sink's output the late records too (see `phases/stage.py`)."""
+        return self.spec.include_late
+
+    def tables(self, metadata: sa.MetaData) -> list[sa.Table]:
+        spec = self.spec
+
+        def columns() -> list[sa.Column]:
+            return [sa.Column(name, sql_type(kind), nullable=name not in spec.keys)
+                    for name, kind in spec.columns.items()]
+
+        table = sa.Table(spec.table, metadata, *columns(), *coordinate_columns(),
+                         sa.PrimaryKeyConstraint(*spec.keys, name=f"{spec.table}_pkey"))
+        versions = sa.Table(
+            versions_table(spec), metadata, sa.Column("batch_id", sa.BigInteger, nullable=False), *columns(),
+            *coordinate_columns(), sa.Column("deleted", sa.Boolean, nullable=False),
+            sa.Index(f"ix_{versions_table(spec)}_keys", *spec.keys),
+            sa.Index(f"ix_{versions_table(spec)}_range", "batch_id", "topic", "partition"),
+        )
+        delete = [sa.Column(spec.delete_column, sa.Boolean, nullable=True)] if spec.delete_column else []
+        staging = sa.Table(
+            spec.staging_table, metadata, *staging_columns(),
+            *(sa.Column(name, sql_type(kind), nullable=True) for name, kind in spec.columns.items()),
+            *delete, *coordinate_columns(),
+            sa.Index(f"ix_{spec.staging_table}_batch", "batch_id", "attempt"),
+        )
+        return [table, versions, staging]
+
+    def retract(self, session: Session, ctx: CommitContext) -> int:
+        touched = 0
+        for statement in retract_sql(self.spec):
+            touched += session.execute(text(statement), {"batch_id": ctx.batch_id}).rowcount
+        return touched
+
+    def merge(self, session: Session, ctx: CommitContext) -> int:
+        add, delete, insert = merge_sql(self.spec)
+        session.execute(text(add), ctx.staged)
+        session.execute(text(delete), ctx.staged)
+        return session.execute(text(insert), ctx.staged).rowcount
