@@ -23,12 +23,12 @@ pytestmark = pytest.mark.integration
 IP_COUNT = find_spec("ip_count")
 
 
-def page_views(**sink: Any) -> PipelineSpec:
-    """A pipeline with one new aggregate sink, `page_views` by default (page, minute) -> views."""
+def probe_views(**sink: Any) -> PipelineSpec:
+    """A pipeline with one new aggregate sink, `probe_views` by default (page, minute) -> views."""
     raw = IP_COUNT.model_dump(mode="json")
     raw["name"] = "pages"
     raw["sinks"] = [{
-        "name": "page_views", "type": "postgres_aggregate", "table": "page_views",
+        "name": "probe_views", "type": "postgres_aggregate", "table": "probe_views",
         "columns": {"page": "text", "minute": "timestamptz", "views": "bigint"},
         "keys": ["page", "minute"], "sum_columns": ["views"], **sink,
     }]
@@ -62,23 +62,23 @@ def test_ip_count_tables_are_what_the_spec_declares(ledger_url: str) -> None:
 
 def test_migrate_creates_the_tables_of_a_new_sink(ledger_url: str, tmp_path: Path,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    spec = page_views(window={"start": "minute", "end": "minute"})
+    spec = probe_views(window={"start": "minute", "end": "minute"})
     write_spec(tmp_path / "pipelines", spec)
     monkeypatch.setenv("MICROBATCH_PIPELINES_DIR", str(tmp_path / "pipelines"))
     migrate(ledger_url)  # the ledger, then the sinks of every spec (`make demo` takes this path)
     with get_engine(ledger_url).connect() as conn:
         inspector = sa.inspect(conn)
-        assert inspector.get_pk_constraint("page_views")["constrained_columns"] == ["page", "minute"]
-        assert {i["name"]: i["column_names"] for i in inspector.get_indexes("page_views")} == {
-            "ix_page_views_minute": ["minute"]}
-        assert {i["name"]: i["column_names"] for i in inspector.get_indexes("stage_page_views")} == {
-            "ix_stage_page_views_batch": ["batch_id", "attempt"]}
-        assert inspector.get_pk_constraint("page_views_contributions")["constrained_columns"] == [
+        assert inspector.get_pk_constraint("probe_views")["constrained_columns"] == ["page", "minute"]
+        assert {i["name"]: i["column_names"] for i in inspector.get_indexes("probe_views")} == {
+            "ix_probe_views_minute": ["minute"]}
+        assert {i["name"]: i["column_names"] for i in inspector.get_indexes("stage_probe_views")} == {
+            "ix_stage_probe_views_batch": ["batch_id", "attempt"]}
+        assert inspector.get_pk_constraint("probe_views_contributions")["constrained_columns"] == [
             "batch_id", "topic", "partition", "page", "minute"]
-        assert [fk["referred_table"] for fk in inspector.get_foreign_keys("page_views_contributions")] == ["batches"]
-        assert not any(c["nullable"] for c in inspector.get_columns("stage_page_views"))
+        assert [fk["referred_table"] for fk in inspector.get_foreign_keys("probe_views_contributions")] == ["batches"]
+        assert not any(c["nullable"] for c in inspector.get_columns("stage_probe_views"))
         check(conn, spec)
-    assert columns_of(ledger_url, "page_views")["views"] == "BIGINT"
+    assert columns_of(ledger_url, "probe_views")["views"] == "BIGINT"
 
     result = CliRunner().invoke(_cli(), ["migrate"], env={"MICROBATCH_LEDGER_URL": ledger_url,
                                                           "MICROBATCH_PIPELINES_DIR": str(tmp_path / "pipelines")})
@@ -94,65 +94,65 @@ def _cli() -> Any:
 
 def test_an_additive_change_is_applied(ledger_url: str) -> None:
     with get_engine(ledger_url).begin() as conn:
-        assert apply(conn, page_views()) == [
-            "create table page_views", "create table stage_page_views", "create table page_views_contributions"]
-        conn.execute(text("INSERT INTO page_views VALUES ('/home', now(), 3)"))
-    windowed = page_views(window={"start": "minute", "end": "minute"})
+        assert apply(conn, probe_views()) == [
+            "create table probe_views", "create table stage_probe_views", "create table probe_views_contributions"]
+        conn.execute(text("INSERT INTO probe_views VALUES ('/home', now(), 3)"))
+    windowed = probe_views(window={"start": "minute", "end": "minute"})
     with get_engine(ledger_url).connect() as conn, pytest.raises(SpecError, match="run `microbatch migrate`"):
         check(conn, windowed)  # the plan refuses until migrate has added the index
     with get_engine(ledger_url).begin() as conn:
-        assert apply(conn, windowed) == ["create index ix_page_views_minute on page_views"]
+        assert apply(conn, windowed) == ["create index ix_probe_views_minute on probe_views"]
     # A second sink: its tables are created, the first sink's are left as they are.
     raw = windowed.model_dump(mode="json")
-    raw["sinks"].append({**raw["sinks"][0], "name": "page_hits", "table": "page_hits", "window": None})
+    raw["sinks"].append({**raw["sinks"][0], "name": "probe_hits", "table": "probe_hits", "window": None})
     two = PipelineSpec.model_validate(raw)
     with get_engine(ledger_url).begin() as conn:
         assert apply(conn, two) == [
-            "create table page_hits", "create table stage_page_hits", "create table page_hits_contributions"]
+            "create table probe_hits", "create table stage_probe_hits", "create table probe_hits_contributions"]
         check(conn, two)
-        assert conn.execute(text("SELECT views FROM page_views")).scalar_one() == 3
+        assert conn.execute(text("SELECT views FROM probe_views")).scalar_one() == 3
     # A new nullable column (a row sink's new column) is added, to a table with rows too.
     metadata = sink_metadata(windowed)
-    metadata.tables["page_views"].append_column(sa.Column("referrer", sa.Text, nullable=True))
+    metadata.tables["probe_views"].append_column(sa.Column("referrer", sa.Text, nullable=True))
     with get_engine(ledger_url).begin() as conn:
         changes = plan_changes(conn, metadata)
-        assert (changes.additive, changes.refused) == (["add column referrer to page_views"], [])
+        assert (changes.additive, changes.refused) == (["add column referrer to probe_views"], [])
         apply_changes(conn, changes)
-    assert columns_of(ledger_url, "page_views")["referrer"] == "TEXT"
+    assert columns_of(ledger_url, "probe_views")["referrer"] == "TEXT"
 
 
 @pytest.mark.parametrize(("change", "expected"), [
     ({"columns": {"page": "text", "minute": "timestamptz", "views": "integer"}},
-     "sink table page_views: column views is bigint in the database but the spec says integer; change the spec "
+     "sink table probe_views: column views is bigint in the database but the spec says integer; change the spec "
      "back, or migrate the table yourself and run microbatch migrate again."),
     ({"columns": {"page": "text", "minute": "timestamptz", "views": "bigint", "clicks": "bigint"},
       "sum_columns": ["views", "clicks"]},
-     "sink table page_views: the spec adds column clicks, which is NOT NULL, but the table has rows"),
+     "sink table probe_views: the spec adds column clicks, which is NOT NULL, but the table has rows"),
     ({"keys": ["page"], "sum_columns": ["minute", "views"]},
-     "sink table page_views: its primary key is (page, minute) in the database but (page) in the spec"),
+     "sink table probe_views: its primary key is (page, minute) in the database but (page) in the spec"),
 ])
 def test_a_destructive_change_is_refused_and_the_table_untouched(ledger_url: str, change: dict[str, Any],
                                                                  expected: str) -> None:
     with get_engine(ledger_url).begin() as conn:
-        apply(conn, page_views())
-        conn.execute(text("INSERT INTO page_views VALUES ('/home', '2026-11-25T10:00:00Z', 3)"))
-    before = columns_of(ledger_url, "page_views")
-    message = refusal(ledger_url, page_views(**change))
+        apply(conn, probe_views())
+        conn.execute(text("INSERT INTO probe_views VALUES ('/home', '2026-11-25T10:00:00Z', 3)"))
+    before = columns_of(ledger_url, "probe_views")
+    message = refusal(ledger_url, probe_views(**change))
     assert message.startswith("pages: " + expected.removesuffix(".")), message
-    assert columns_of(ledger_url, "page_views") == before
+    assert columns_of(ledger_url, "probe_views") == before
     with get_engine(ledger_url).connect() as conn:
-        assert conn.execute(text("SELECT page, views FROM page_views")).one() == ("/home", 3)
-        assert not sa.inspect(conn).has_table("page_clicks")
+        assert conn.execute(text("SELECT page, views FROM probe_views")).one() == ("/home", 3)
+        assert not sa.inspect(conn).has_table("probe_clicks")
 
 
 def test_a_dropped_column_is_refused(ledger_url: str) -> None:
-    wide = page_views(columns={"page": "text", "minute": "timestamptz", "views": "bigint", "clicks": "bigint"},
+    wide = probe_views(columns={"page": "text", "minute": "timestamptz", "views": "bigint", "clicks": "bigint"},
                       sum_columns=["views", "clicks"])
     with get_engine(ledger_url).begin() as conn:
         apply(conn, wide)
-    message = refusal(ledger_url, page_views())
+    message = refusal(ledger_url, probe_views())
     assert "column clicks is in the database but not in the spec" in message
-    assert "clicks" in columns_of(ledger_url, "page_views")
+    assert "clicks" in columns_of(ledger_url, "probe_views")
 
 
 @pytest.fixture
@@ -179,15 +179,15 @@ def with_topic(spec: PipelineSpec, topic: str) -> PipelineSpec:
 
 
 def test_plan_refuses_a_missing_table(ledger_url: str, kafka, topic: str, no_batches) -> None:
-    message = plan_refusal(with_topic(page_views(), topic), ledger_url, kafka.bootstrap_servers)
-    assert message == ("pages: sink table page_views does not exist; run `microbatch migrate`, which creates the "
+    message = plan_refusal(with_topic(probe_views(), topic), ledger_url, kafka.bootstrap_servers)
+    assert message == ("pages: sink table probe_views does not exist; run `microbatch migrate`, which creates the "
                        "sink tables the spec declares.")
-    undeclared = page_views(columns=None)
+    undeclared = probe_views(columns=None)
     with get_engine(ledger_url).begin() as conn:  # migrate cannot create them, and says so
         assert [line.split(" (")[0] for line in apply(conn, undeclared)] == [
-            "not created: page_views", "not created: stage_page_views", "not created: page_views_contributions"]
+            "not created: probe_views", "not created: stage_probe_views", "not created: probe_views_contributions"]
     message = plan_refusal(with_topic(undeclared, topic), ledger_url, kafka.bootstrap_servers)
-    assert message.startswith("pages: sink table page_views does not exist and the spec declares no columns")
+    assert message.startswith("pages: sink table probe_views does not exist and the spec declares no columns")
 
 
 def test_plan_refuses_a_column_type_drift(ledger_url: str, kafka, topic: str, no_batches) -> None:
@@ -232,13 +232,13 @@ def test_every_column_type_round_trips(ledger_url: str) -> None:
     from microbatch.config import ColumnType
 
     typed = {f"c_{name.replace(' ', '_')}": name for name in get_args(ColumnType)}
-    spec = page_views(columns={"page": "text", **typed}, keys=["page"], sum_columns=list(typed))
+    spec = probe_views(columns={"page": "text", **typed}, keys=["page"], sum_columns=list(typed))
     with get_engine(ledger_url).begin() as conn:
         apply(conn, spec)
     with get_engine(ledger_url).connect() as conn:
         changes = plan_changes(conn, sink_metadata(spec))
         assert not changes, changes
-    drifted = page_views(columns={"page": "text", **typed, "c_timestamptz": "timestamp"}, keys=["page"],
+    drifted = probe_views(columns={"page": "text", **typed, "c_timestamptz": "timestamp"}, keys=["page"],
                          sum_columns=list(typed))
     assert "column c_timestamptz is timestamptz in the database but the spec says timestamp" in refusal(
         ledger_url, drifted)
@@ -250,15 +250,15 @@ def test_the_cli_refuses_a_type_change_with_one_sentence(ledger_url: str, tmp_pa
     import sys
 
     with get_engine(ledger_url).begin() as conn:
-        apply(conn, page_views())
-    write_spec(tmp_path / "pipelines", page_views(columns={"page": "text", "minute": "timestamptz",
+        apply(conn, probe_views())
+    write_spec(tmp_path / "pipelines", probe_views(columns={"page": "text", "minute": "timestamptz",
                                                              "views": "integer"}))
     env = {**os.environ, "MICROBATCH_LEDGER_URL": ledger_url, "MICROBATCH_PIPELINES_DIR": str(tmp_path / "pipelines")}
     result = subprocess.run([sys.executable, "-m", "microbatch.cli", "migrate"], env=env, capture_output=True,
                             text=True, timeout=180, check=False)
     output = " ".join((result.stdout + result.stderr).split())
     assert result.returncode == 2, output
-    assert ("error: pages: sink table page_views: column views is bigint in the database but the spec says "
+    assert ("error: pages: sink table probe_views: column views is bigint in the database but the spec says "
             "integer; change the spec back") in output
     assert "Traceback" not in output
-    assert columns_of(ledger_url, "page_views")["views"] == "BIGINT"
+    assert columns_of(ledger_url, "probe_views")["views"] == "BIGINT"
