@@ -38,6 +38,7 @@ from microbatch.kafka.offsets import discover_partitions, offset_bounds, offsets
 from microbatch.ledger import repository as repo
 from microbatch.ledger.database import transaction
 from microbatch.ledger.models import BatchKind, Pipeline
+from microbatch.phases.plan import check_pipeline
 from microbatch.planning import FillPlan, ReplayPlan, layers, open_overlaps, plan_fill, plan_replay
 from microbatch.types import CommittedRange, OffsetRange, Plan, TopicPartition
 
@@ -114,6 +115,7 @@ def plan_backfill(
 ) -> BackfillOutcome:
     """Validate, resolve times, plan the fill, and (unless dry run) insert one backfill batch per layer."""
     params = parse_params(spec, raw_params)
+    check_pipeline(spec, ledger_url)  # the sink tables and the transform, before any batch is opened
     requests = _requested_ranges(params, spec.source.isolation_level, bootstrap_servers)
     with transaction(ledger_url) as session:
         pipeline = repo.ensure_pipeline(session, spec, lock=True)
