@@ -470,6 +470,23 @@ def schema() -> None:
     print(json.dumps(PipelineSpec.model_json_schema(), indent=2))
 
 
+@app.command()
+def new(
+    name: str,
+    topic: Annotated[str, typer.Option(help="The Kafka topic the pipeline reads.")],
+    fmt: Annotated[str, typer.Option("--format", help="json: each record a JSON object; text: one line.")] = "json",
+    columns: Annotated[str | None, typer.Option(help="json: NAME:TYPE pairs, e.g. id:text,amount:bigint.")] = None,
+) -> None:
+    """Write a new pipeline that runs as generated: its spec, transform, unit test and DAG file."""
+    from microbatch import scaffold
+
+    parsed = scaffold.parse_columns(columns) if columns else None
+    written = scaffold.new_pipeline(name, topic, fmt, parsed)
+    for path in written.values():
+        console.print(f"wrote {path.relative_to(scaffold.ROOT)}", highlight=False)
+    console.print(f"next: `microbatch migrate`, produce to {topic}, then `microbatch run {name}`.", highlight=False)
+
+
 def _create_output_topics(pipeline: str) -> None:
     from microbatch.config import find_spec
     from microbatch.dev.kafka import create_topic
@@ -478,9 +495,22 @@ def _create_output_topics(pipeline: str) -> None:
         create_topic(_bootstrap(), sink.topic, 4)
 
 
+def _generate_clicks(count: int, seed: int) -> None:
+    """JSON clicks into `clicks_source` (created if missing), with malformed, late and forget clicks."""
+    from microbatch.dev.datagen import generate_clicks, produce_lines
+    from microbatch.dev.kafka import create_topic
+
+    bootstrap = _bootstrap()
+    create_topic(bootstrap, "clicks_source", 4)
+    clicks = generate_clicks(count, seed=seed)
+    sent = len(produce_lines(bootstrap, "clicks_source", clicks))
+    bad = sum(1 for click in clicks if click.malformed)
+    console.print(f"produced {sent} clicks to clicks_source ({bad} malformed)")
+
+
 @app.command()
 def demo(count: int = 10_000) -> None:
-    """The whole path on the local stack: services, data, the ip_count DAG, the results."""
+    """The whole path on the local stack: services, data, the ip_count and clicks DAGs, the results."""
     from microbatch.dev import stack as devstack
     from microbatch.ledger.database import migrate as run_migrate
     from microbatch.runner import run_until_caught_up
@@ -513,6 +543,21 @@ def demo(count: int = 10_000) -> None:
     show("ip_count", "ip_counts", limit=15)
     status("ip_count")
     history("ip_count", limit=10)
+
+    _create_output_topics("clicks")
+    _generate_clicks(2_000, seed=int.from_bytes(os.urandom(2), "big"))
+    console.print(f"running the clicks DAG until it has caught up; Airflow's task log: {log_file}", highlight=False)
+    ran = time.monotonic()
+    with _output_to(log_file):
+        outcomes = run_until_caught_up("clicks", 20)
+    _quiet_clients()
+    _print_runs(outcomes)
+    console.print(f"DAG runs took {time.monotonic() - ran:.1f}s")
+    if not outcomes or outcomes[-1].state != "success":
+        console.print(f"[red]the clicks run failed[/red]; the cause is in {log_file}", highlight=False)
+        raise typer.Exit(1)
+    for sink in ("clicks_raw", "page_views", "user_last_page"):
+        show("clicks", sink, limit=5)
     console.print(f"demo done in {time.monotonic() - started:.0f}s. The services keep running: try "
                   "`.venv/bin/microbatch status`, then stop them with `make down`.")
 

@@ -28,6 +28,7 @@ ROOT = Path(__file__).resolve().parents[2]
 VENV = ROOT / ".venv"
 SUMMARY = re.compile(r"ip_counts \(postgres_aggregate\): (\d+) rows, sum of count (\d+); (\d+) dead letters, "
                      r"(\d+) late records")
+CLICKS_SUMMARY = re.compile(r"clicks_raw \(postgres_append\): (\d+) rows")
 # The oracle's own reading of an nginx access-log line (not the Spark job's parser).
 LINE = re.compile(r'^(\S+) \S+ \S+ \[(\d{2}/\w{3}/\d{4}:\d{2}:\d{2}:\d{2} [+-]\d{4})\] "[^"]*" \d{3} \d+')
 
@@ -42,6 +43,23 @@ def _well_formed(value: bytes) -> bool:
     except ValueError:
         return False
     return True
+
+
+def _valid_click(value: bytes) -> bool:
+    """The oracle's own reading of a JSON click: an object with a string user, an ISO-8601 ts with a zone, and
+    a string page unless it forgets the user."""
+    try:
+        click = json.loads(value)
+    except ValueError:
+        return False
+    if not isinstance(click, dict) or not isinstance(click.get("user"), str) or not isinstance(click.get("ts"), str):
+        return False
+    if click.get("forget") is not True and not isinstance(click.get("page"), str):
+        return False
+    try:
+        return datetime.fromisoformat(click["ts"].replace("Z", "+00:00")).tzinfo is not None
+    except ValueError:
+        return False
 
 
 def _user_env(copy: Path) -> dict[str, str]:
@@ -74,11 +92,11 @@ def _cli(copy: Path, *args: str) -> subprocess.CompletedProcess[str]:
                           capture_output=True, text=True, timeout=300, check=False)
 
 
-def _source_records(bootstrap: str) -> list[bytes]:
+def _source_records(bootstrap: str, topic: str = "ip_count_source") -> list[bytes]:
     consumer = KafkaConsumer(bootstrap_servers=bootstrap, isolation_level="read_committed", group_id=None,
                              enable_auto_commit=False)
     try:
-        tps = [TopicPartition("ip_count_source", p) for p in sorted(consumer.partitions_for_topic("ip_count_source"))]
+        tps = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic))]
         consumer.assign(tps)
         consumer.seek_to_beginning()
         ends = consumer.end_offsets(tps)
@@ -98,6 +116,12 @@ def _summary(output: str) -> tuple[int, int, int]:
     return total, dead, late
 
 
+def _clicks_raw_rows(output: str) -> int:
+    match = CLICKS_SUMMARY.search(output)
+    assert match, f"no clicks_raw summary in the demo's output:\n{output[-3000:]}"
+    return int(match.group(1))
+
+
 def test_make_demo_on_a_fresh_copy_prints_exact_results_and_runs_again(tmp_path: Path) -> None:
     copy = _fresh_copy(tmp_path / "microbatch")
     assert not (copy / ".cache").exists()
@@ -110,7 +134,7 @@ def test_make_demo_on_a_fresh_copy_prints_exact_results_and_runs_again(tmp_path:
         # The summary, not Airflow's structured log: that went to the file whose path is printed.
         log_path = Path(re.search(r"Airflow's task log: (\S+)", output).group(1))
         assert log_path.is_relative_to(copy / ".cache") and "stage" in log_path.read_text()
-        assert "[info     ]" not in output and len(output.splitlines()) < 120, output[-3000:]
+        assert "[info     ]" not in output and len(output.splitlines()) < 200, output[-3000:]
 
         state = json.loads((copy / ".cache" / "devstack" / "state.json").read_text())
         values = _source_records(state["env"]["MICROBATCH_KAFKA_BOOTSTRAP"])
@@ -118,6 +142,10 @@ def test_make_demo_on_a_fresh_copy_prints_exact_results_and_runs_again(tmp_path:
         total, dead, late = _summary(output)
         assert len(values) == 10_000
         assert (total + late, dead) == (good, len(values) - good)
+        clicks = _source_records(state["env"]["MICROBATCH_KAFKA_BOOTSTRAP"], "clicks_source")
+        assert len(clicks) == 2_000
+        assert _clicks_raw_rows(output) == sum(1 for v in clicks if _valid_click(v))
+        assert "page_views (postgres_aggregate)" in output and "user_last_page (postgres_upsert)" in output
 
         # Right after the demo, with nothing sourced: the CLI finds the running stack.
         status = _cli(copy, "status", "ip_count", "--json")
@@ -139,6 +167,9 @@ def test_make_demo_on_a_fresh_copy_prints_exact_results_and_runs_again(tmp_path:
         assert len(values) == 20_000
         assert (total2 + late2, dead2) == (good2, len(values) - good2)
         assert late2 == late, f"the second demo's lines were late: {late2 - late}"
+        clicks = _source_records(state["env"]["MICROBATCH_KAFKA_BOOTSTRAP"], "clicks_source")
+        assert len(clicks) == 4_000
+        assert _clicks_raw_rows(output2) == sum(1 for v in clicks if _valid_click(v))
     finally:
         down = _make(copy, "down")
     assert down.returncode == 0, down.stdout + down.stderr

@@ -8,6 +8,7 @@ Without one its lines start at the wall clock, so a second demo's lines follow t
 from __future__ import annotations
 
 import ipaddress
+import json
 import random
 import re
 from collections import Counter
@@ -182,3 +183,75 @@ def produce_lines(
     finally:
         producer.close()
     return coordinates
+
+
+# JSON click events for `clicks` (spark_jobs/clicks.py): {"user": "u1", "page": "/home", "ts": "...Z"}.
+MALFORMED_CLICKS = (
+    b"{not json",
+    b'{"user": "u1", "page": "/a"}',
+    b'{"user": "u1", "page": "/a", "ts": "yesterday"}',
+    b"[1, 2, 3]",
+    b'{"user": 5, "page": null, "ts": "2026-11-25T10:00:00Z"}',
+)
+
+
+@dataclass(frozen=True)
+class Click:
+    value: bytes
+    user: str | None
+    event_time: datetime | None
+
+    @property
+    def ip(self) -> str | None:
+        """The Kafka key `produce_lines` sends: the user."""
+        return self.user
+
+    @property
+    def malformed(self) -> bool:
+        return self.user is None or self.event_time is None
+
+
+def format_click(user: str, page: str | None, when: datetime, *, forget: bool = False) -> bytes:
+    payload: dict[str, object] = {"user": user, "ts": when.strftime("%Y-%m-%dT%H:%M:%SZ")}
+    if forget:
+        payload["forget"] = True
+    else:
+        payload["page"] = page
+    return json.dumps(payload).encode()
+
+
+def generate_clicks(
+    count: int,
+    *,
+    users: int = 50,
+    pages: int = 10,
+    span_seconds: int = 180,
+    malformed: float = 0.02,
+    late: float = 0.02,
+    forget: float = 0.01,
+    start: datetime | None = None,
+    seed: int = 7,
+) -> list[Click]:
+    """`count` JSON clicks whose event time advances over
+    `span_seconds` from `start` (default now). A `malformed` share are dead letters; a `late` share, all at the
+    end, carry times of the first seconds, behind the watermark by then; a `forget` share are tombstones of
+    their user. The same `seed` and `start` give the same clicks."""
+    rng = random.Random(seed)
+    start = datetime.now(UTC).replace(microsecond=0) if start is None else start
+    names = [f"u{i}" for i in range(users)]
+    paths = ["/"] + [f"/page/{i}" for i in range(1, pages)]
+    late_count = int(count * late)
+    clicks = []
+    for i in range(count - late_count):
+        if rng.random() < malformed:
+            clicks.append(Click(rng.choice(MALFORMED_CLICKS), None, None))
+            continue
+        when = (start + timedelta(seconds=span_seconds * i / max(count, 1))).replace(microsecond=0)
+        user = rng.choice(names)
+        gone = rng.random() < forget
+        clicks.append(Click(format_click(user, None if gone else rng.choice(paths), when, forget=gone), user, when))
+    for _ in range(late_count):
+        when = start + timedelta(seconds=rng.randrange(10))
+        user = rng.choice(names)
+        clicks.append(Click(format_click(user, rng.choice(paths), when), user, when))
+    return clicks

@@ -1,0 +1,9 @@
+"""Airflow DAG of the `clicks` pipeline. Thin on purpose: the spec and the factory do the work.
+
+One file per pipeline, so a bad spec is an import error of its own DAG only.
+"""
+
+from microbatch.airflow.dags import backfill_dag, pipeline_dag
+
+dag = pipeline_dag("clicks")
+backfill = backfill_dag("clicks")
