@@ -3,11 +3,15 @@
 - `clicks_raw`: every valid click as one row (`user`, `page`, `ts`) with its source topic, partition and offset,
   for a `postgres_append` sink (with `include_late`, late clicks land there too);
 - `page_views`: clicks per page per tumbling event-time window (`window_seconds`, default 60), partial
-  counts per source partition, for a windowed `postgres_aggregate` sink.
+  counts per source partition, for a windowed `postgres_aggregate` sink;
+- `user_last_page`: each click's `user`, `page`, `ts` and `forget` with its coordinates, for a
+  `postgres_upsert` sink keyed by user, ordered by ts, with `delete_column: forget`.
 
-A record that is not a JSON object with string fields `user`, `page` and an ISO-8601 `ts` (with a zone, e.g.
-`Z`) is a dead letter. Event time follows ip_count: the watermark is the maximum event time seen minus
-`allowed_lateness_seconds` (default 5), pipeline state; a click whose window was final when its batch began
+`{"user": "u1", "forget": true, "ts": ...}` (no page) asks to forget the user: a tombstone of its last page,
+a row with no page in `clicks_raw`, and no page view. A record that is not a JSON object with string fields
+`user`, `page` (unless `forget`) and an ISO-8601 `ts` (with a zone, e.g. `Z`) is a dead letter. Event time
+follows ip_count: the watermark is the maximum event time seen minus `allowed_lateness_seconds` (default 5),
+pipeline state; a click whose window was final when its batch began
 is late.
 """
 
@@ -18,11 +22,12 @@ from typing import Any
 
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
-from pyspark.sql.types import StringType, StructField, StructType
+from pyspark.sql.types import BooleanType, StringType, StructField, StructType
 
 from spark_jobs.ip_count import MICROS, watermark_after
 
-CLICK_SCHEMA = StructType([StructField(name, StringType()) for name in ("user", "page", "ts")])
+CLICK_SCHEMA = StructType([*(StructField(name, StringType()) for name in ("user", "page", "ts")),
+                           StructField("forget", BooleanType())])
 TS_FORMAT = "yyyy-MM-dd'T'HH:mm:ss[.SSSSSS]XXX"
 
 
@@ -39,15 +44,16 @@ class Clicks:
         typed = fields.select(
             *source, F.col("_c.user").alias("user"), F.col("_c.page").alias("page"), F.col("_c.ts").alias("_ts"),
             F.try_to_timestamp(F.col("_c.ts"), F.lit(TS_FORMAT)).alias("event_time"),
+            F.coalesce(F.col("_c.forget"), F.lit(False)).alias("forget"),
         )
         error = (
             F.when(F.col("value").isNull(), F.lit("empty record"))
-            .when(F.col("user").isNull() | F.col("page").isNull() | F.col("_ts").isNull(),
+            .when(F.col("user").isNull() | (F.col("page").isNull() & ~F.col("forget")) | F.col("_ts").isNull(),
                   F.lit("not a JSON click: needs the string fields user, page and ts"))
             .when(F.col("event_time").isNull(), F.lit("ts is not an ISO-8601 time with a zone, e.g. "
                                                       "2026-11-25T10:00:01Z"))
         )
-        checked = typed.select(*source, "user", "page", "event_time", error.alias("error"))
+        checked = typed.select(*source, "user", "page", "forget", "event_time", error.alias("error"))
         width = window_seconds(options)
         window_end_us = (F.floor(F.unix_seconds("event_time") / width) * width + width) * MICROS
         watermark = state.get("watermark_us")
@@ -69,12 +75,14 @@ class Clicks:
         width = window_seconds(options)
         raw = parsed.select("user", "page", F.col("event_time").alias("ts"), "topic", "partition", "offset")
         start_s = F.floor(F.unix_seconds("event_time") / width) * width
-        views = parsed.select(
+        views = parsed.where(~F.col("forget")).select(
             "topic", "partition", "page",
             F.timestamp_seconds(start_s).alias("window_start"),
             F.timestamp_seconds(start_s + width).alias("window_end"),
         ).groupBy("topic", "partition", "window_start", "window_end", "page").agg(F.count(F.lit(1)).alias("views"))
-        return {"clicks_raw": raw, "page_views": views}
+        last_page = parsed.select("user", "page", F.col("event_time").alias("ts"), "forget", "topic", "partition",
+                                  "offset")
+        return {"clicks_raw": raw, "page_views": views, "user_last_page": last_page}
 
 
 transform = Clicks()

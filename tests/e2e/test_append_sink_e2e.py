@@ -23,12 +23,10 @@ import sqlalchemy as sa
 import yaml
 from sqlalchemy import text
 
-from microbatch.config import load_spec
 from microbatch.dev.datagen import produce_lines
 from microbatch.dev.kafka import create_topic
 from microbatch.failpoints import EXIT_CODE, FAILPOINT_DIR_ENV, FAILPOINTS_ENV
 from microbatch.ledger.database import get_engine, transaction
-from microbatch.sinks.registry import sinks_of
 from tests.e2e.helpers import (
     Expected,
     cli,
@@ -111,29 +109,15 @@ def write_spec(directory: Path, topic: str, out_topic: str) -> Path:
     return directory
 
 
-AGGREGATE_DDL = [  # until `microbatch migrate` creates an aggregate's tables from its spec
-    "CREATE TABLE IF NOT EXISTS page_views (window_start timestamptz NOT NULL, window_end timestamptz NOT NULL, "
-    "page text NOT NULL, views bigint NOT NULL, PRIMARY KEY (window_start, window_end, page))",
-    "CREATE TABLE IF NOT EXISTS page_views_contributions (batch_id bigint NOT NULL, topic text NOT NULL, "
-    "partition integer NOT NULL, window_start timestamptz NOT NULL, window_end timestamptz NOT NULL, "
-    "page text NOT NULL, views bigint NOT NULL)",
-    "CREATE TABLE IF NOT EXISTS stage_page_views (batch_id bigint NOT NULL, attempt integer NOT NULL, "
-    "topic text NOT NULL, partition integer NOT NULL, window_start timestamptz, window_end timestamptz, "
-    "page text, views bigint)",
-]
-
-
-def create_sink_tables(url: str, specs: Path) -> None:
-    """The sink tables from the spec, as `microbatch migrate` makes them."""
-    metadata = sa.MetaData()
-    sinks = sinks_of(load_spec(specs / f"{PIPELINE}.yaml"))
-    defined = {name: sink.tables(metadata) for name, sink in sinks.items()}
-    assert [t.name for t in defined["clicks_raw"]] == ["clicks_raw", "stage_clicks_raw"]
-    metadata.create_all(get_engine(url))
-    if not defined["page_views"]:
-        with get_engine(url).begin() as conn:
-            for statement in AGGREGATE_DDL:
-                conn.execute(text(statement))
+def create_sink_tables(env: dict[str, str], url: str) -> None:
+    """The sink tables from the spec, by `microbatch migrate` as an operator makes them."""
+    migrated = cli(env, "migrate")
+    assert migrated.returncode == 0, migrated.stdout + migrated.stderr
+    with get_engine(url).connect() as conn:
+        tables = set(sa.inspect(conn).get_table_names())
+    assert {"clicks_raw", "stage_clicks_raw", "page_views", "stage_page_views", "page_views_contributions"} <= tables
+    pkey = sa.inspect(get_engine(url)).get_pk_constraint("clicks_raw")["constrained_columns"]
+    assert pkey == ["topic", "partition", "offset"]
 
 
 def dag_folder(tmp_path: Path) -> dict[str, str]:
@@ -199,7 +183,7 @@ def test_append_sink_exactly_once_through_crashes_and_replay(service_env, topic,
     create_topic(kafka.bootstrap_servers, out_topic, 2)
     specs = write_spec(tmp_path / "pipelines", topic, out_topic)
     env = {**service_env, "MICROBATCH_PIPELINES_DIR": str(specs), **dag_folder(tmp_path)}
-    create_sink_tables(ledger_url, specs)
+    create_sink_tables(env, ledger_url)
     first, late = generate_clicks(seed=18)
     clicks = first + late
     coords = produce_lines(kafka.bootstrap_servers, topic, first) + produce_lines(kafka.bootstrap_servers, topic, late)
