@@ -25,7 +25,7 @@ BEFORE_ANY_RUN = [
 ]
 AFTER_A_RUN = [
     (["history", "nosuch"], "There is no pipeline 'nosuch' in"),
-    (["status", "nosuch"], "Known pipelines: ip_count"),
+    (["status", "nosuch"], "Known pipelines: clicks, ip_count"),
     (["verify", "nosuch"], "There is no pipeline 'nosuch' in"),
     (["find", "nosuch", "ip_count_source", "0", "5"], "There is no pipeline 'nosuch' in"),
     (["run", "nosuch"], "There is no pipeline 'nosuch' in"),
