@@ -1,4 +1,4 @@
-"""JSON click events, `{"user": "u1", "page": "/home", "ts": "2026-11-25T10:00:01Z"}`, into two outputs:
+"""JSON click events, `{"user": "u1", "page": "/home", "ts": "2026-11-25T10:00:01Z"}`, into three outputs:
 
 - `clicks_raw`: every valid click as one row (`user`, `page`, `ts`) with its source topic, partition and offset,
   for a `postgres_append` sink (with `include_late`, late clicks land there too);
@@ -11,8 +11,7 @@
 a row with no page in `clicks_raw`, and no page view. A record that is not a JSON object with string fields
 `user`, `page` (unless `forget`) and an ISO-8601 `ts` (with a zone, e.g. `Z`) is a dead letter. Event time
 follows ip_count: the watermark is the maximum event time seen minus `allowed_lateness_seconds` (default 5),
-pipeline state; a click whose window was final when its batch began
-is late.
+pipeline state; a click whose window was final when its batch began is late.
 """
 
 from __future__ import annotations
