@@ -40,5 +40,7 @@ class SparkJob(Protocol):
         self, parsed: DataFrame, options: Mapping[str, Any], state: Mapping[str, Any]
     ) -> dict[str, DataFrame]:
         """Sink name -> the rows to stage for it: that sink's columns plus the source `topic` and
-        `partition` (group by them too). `parsed` holds only good, on-time rows. The platform keeps
-        each partition's partial aggregate, so a replay of one partition retracts exactly its part."""
+        `partition` (group by them too; a row sink also keeps `offset`). `parsed` holds only good, on-time
+        rows, except in the second call the stage makes when a row sink has `include_late`: then it holds
+        every valid row, its `late` column set, and only that sink's output of it is staged. The platform
+        keeps each partition's partial aggregate, so a replay of one partition retracts exactly its part."""
