@@ -143,8 +143,8 @@ def late_coordinates(url: str) -> set[tuple[int, int]]:
         return {tuple(r) for r in session.execute(text('SELECT partition, "offset" FROM late_records')).all()}
 
 
-def read_output(bootstrap: str, topic: str) -> list[tuple[int, dict]]:
-    """Every record of the output topic as a read_committed consumer sees it: (seq header, value)."""
+def read_topic(bootstrap: str, topic: str) -> list:
+    """Every record of `topic` as a read_committed consumer sees it, from the beginning to the end offsets."""
     from kafka import KafkaConsumer, TopicPartition
 
     consumer = KafkaConsumer(bootstrap_servers=bootstrap, isolation_level="read_committed", group_id=None,
@@ -157,12 +157,16 @@ def read_output(bootstrap: str, topic: str) -> list[tuple[int, dict]]:
         out = []
         while any(consumer.position(tp) < ends[tp] for tp in tps):
             for records in consumer.poll(timeout_ms=1000).values():
-                for record in records:
-                    seq = int(dict(record.headers)["microbatch.seq"].decode())
-                    out.append((seq, json.loads(record.value)))
+                out.extend(records)
         return out
     finally:
         consumer.close()
+
+
+def read_output(bootstrap: str, topic: str) -> list[tuple[int, dict]]:
+    """Every record of the output topic as a read_committed consumer sees it: (seq header, value)."""
+    return [(int(dict(record.headers)["microbatch.seq"].decode()), json.loads(record.value))
+            for record in read_topic(bootstrap, topic)]
 
 
 def assert_exactly_once(url: str, env: dict[str, str], lines: list[LogLine], coords: list[tuple[int, int]],

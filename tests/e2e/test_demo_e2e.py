@@ -19,9 +19,9 @@ from datetime import datetime
 from pathlib import Path
 
 import pytest
-from kafka import KafkaConsumer, TopicPartition
 
 from microbatch.dev.process import port_open
+from tests.e2e.helpers import read_topic
 
 pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).resolve().parents[2]
@@ -93,20 +93,7 @@ def _cli(copy: Path, *args: str) -> subprocess.CompletedProcess[str]:
 
 
 def _source_records(bootstrap: str, topic: str = "ip_count_source") -> list[bytes]:
-    consumer = KafkaConsumer(bootstrap_servers=bootstrap, isolation_level="read_committed", group_id=None,
-                             enable_auto_commit=False)
-    try:
-        tps = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic))]
-        consumer.assign(tps)
-        consumer.seek_to_beginning()
-        ends = consumer.end_offsets(tps)
-        values = []
-        while any(consumer.position(tp) < ends[tp] for tp in tps):
-            for records in consumer.poll(timeout_ms=1000).values():
-                values += [record.value for record in records]
-        return values
-    finally:
-        consumer.close()
+    return [record.value for record in read_topic(bootstrap, topic)]
 
 
 def _summary(output: str) -> tuple[int, int, int]:

@@ -29,6 +29,7 @@ from sqlalchemy import text
 from microbatch.dev.process import free_port, port_open
 from microbatch.ledger.database import transaction
 from microbatch.runtime import cache_dir
+from tests.e2e.helpers import read_topic
 
 pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).resolve().parents[2]
@@ -129,22 +130,7 @@ class Api:
 
 def topic_lines(bootstrap: str, topic: str) -> list[bytes]:
     """Every record value of `topic`, read back from Kafka."""
-    from kafka import KafkaConsumer, TopicPartition
-
-    consumer = KafkaConsumer(bootstrap_servers=bootstrap, isolation_level="read_committed", group_id=None,
-                             enable_auto_commit=False)
-    try:
-        tps = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic))]
-        consumer.assign(tps)
-        consumer.seek_to_beginning()
-        ends = consumer.end_offsets(tps)
-        values = []
-        while any(consumer.position(tp) < ends[tp] for tp in tps):
-            for records in consumer.poll(timeout_ms=1000).values():
-                values.extend(record.value for record in records)
-        return values
-    finally:
-        consumer.close()
+    return [record.value for record in read_topic(bootstrap, topic)]
 
 
 def recount(values: list[bytes], window: int = 5) -> tuple[Counter, int]:
