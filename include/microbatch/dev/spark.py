@@ -46,23 +46,31 @@ class SparkStandalone:
         self.work_dir.mkdir(parents=True, exist_ok=True)
         self.processes.append(self._spark_class("org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
                                                 "--port", str(self.port), "--webui-port", str(self.webui_port)))
-        wait_until(lambda: port_open(self.port), timeout, f"Spark master on {self.master_url}")
+        wait_until(lambda: port_open(self.port) and self._master_status() is not None, timeout,
+                   f"Spark master on {self.master_url}")
         for _ in range(self.workers):
+            # Port 0: each worker's UI takes its own ephemeral port, so none can take the master's.
             self.processes.append(self._spark_class(
                 "org.apache.spark.deploy.worker.Worker", self.master_url, "--host", "127.0.0.1",
-                "--cores", str(self.cores_per_worker), "--memory", self.memory, "--webui-port", str(free_port())))
+                "--cores", str(self.cores_per_worker), "--memory", self.memory, "--webui-port", "0"))
         wait_until(lambda: self.alive_workers() >= self.workers, timeout, f"{self.workers} Spark workers")
         log.info("Spark standalone up on %s with %s workers", self.master_url, self.workers)
         return self
 
-    def alive_workers(self) -> int:
-        """Workers registered with the master, from its JSON status page."""
+    def _master_status(self) -> dict | None:
+        """The master's JSON status page, or None while it is not serving it (yet)."""
 
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{self.webui_port}/json/", timeout=2) as response:
                 status = json.load(response)
-        except OSError:
-            return 0
+        except (OSError, ValueError):
+            return None
+        return status if isinstance(status, dict) and "workers" in status else None
+
+    def alive_workers(self) -> int:
+        """Workers registered with the master, from its JSON status page."""
+
+        status = self._master_status() or {}
         return sum(1 for worker in status.get("workers", []) if worker.get("state") == "ALIVE")
 
     def stop(self) -> None:
