@@ -241,3 +241,164 @@ def run_watching_arguments(env: dict[str, str], secrets: list[str], log_path: Pa
             leaked += [line[:200] for line in lines for secret in secrets if secret in line]
             time.sleep(0.2)
     return WatchedRun(run.returncode, log_path.read_text(), spark_seen, leaked)
+
+
+# The clicks pipeline (include/pipelines/clicks.yaml, spark_jobs/clicks.py): a test copy of its spec, and the
+# oracles of its four row sinks, computed from the produced records alone. A record is any object with `value`
+# (the JSON bytes produced), `event_time` and `malformed`, as microbatch.dev.datagen.Click and the e2e tests'
+# own click records are; user, page and forget are read back from the JSON.
+
+
+ROW_SINK_TYPES = ("postgres_append", "postgres_aggregate", "postgres_upsert", "kafka")
+
+
+def write_clicks_test_spec(directory: Path, topic: str, max_records: int, *, out_topic: str | None = None,
+                           transaction_size: int = 500, retries: int = 3, retry_delay: float = 1.0,
+                           bootstrap: str | None = None, partitions: int = 4,
+                           sink_types: tuple[str, ...] = ROW_SINK_TYPES) -> Path:
+    """A copy of the shipped clicks.yaml that reads `topic` in batches of `max_records`, has no schedule,
+    short retry delays, and publishes clicks_raw to `out_topic` (default `<topic>_out`, created here when
+    `bootstrap` is given) in transactions of `transaction_size`. It keeps the shipped sinks of `sink_types`
+    only (by default the row sinks, whose oracles are below)."""
+    spec = yaml.safe_load((ROOT / "include/pipelines/clicks.yaml").read_text())
+    spec["schedule"] = None
+    spec["sinks"] = [sink for sink in spec["sinks"] if sink["type"] in sink_types]
+    assert {sink["type"] for sink in spec["sinks"]} == set(sink_types), "clicks.yaml lost a sink type"
+    spec["source"].update(topics=[topic], max_records_per_batch=max_records, commit_group_offsets=False)
+    out_topic = out_topic or f"{topic}_out"
+    for sink in spec["sinks"]:
+        if sink["type"] == "kafka":
+            sink.update(topic=out_topic, transaction_size=transaction_size)
+    if bootstrap:
+        create_topic(bootstrap, out_topic, partitions)
+    spec["retries"] = {"count": retries, "delay_seconds": retry_delay}
+    spec["spark"]["conf"] = {**spec["spark"]["conf"], "spark.sql.shuffle.partitions": "2",
+                             "spark.ui.enabled": "false"}
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "clicks.yaml").write_text(yaml.safe_dump(spec))
+    return directory
+
+
+def pipeline_dag_folder(directory: Path, pipeline: str) -> dict[str, str]:
+    """A DAG folder holding only `pipeline`'s thin DAG file, and an Airflow home of its own: the shipped dags/
+    would also load the DAGs of pipelines whose specs the test's pipelines folder lacks."""
+    dags, home = directory / "dags", directory / "airflow"
+    dags.mkdir(parents=True, exist_ok=True)
+    home.mkdir(parents=True, exist_ok=True)
+    (dags / f"{pipeline}.py").write_text(
+        "from microbatch.airflow.dags import backfill_dag, pipeline_dag\n\n"
+        f"dag = pipeline_dag({pipeline!r})\nbackfill = backfill_dag({pipeline!r})\n")
+    return {"AIRFLOW__CORE__DAGS_FOLDER": str(dags), "AIRFLOW_HOME": str(home)}
+
+
+@dataclass(frozen=True)
+class ClickFacts:
+    """What a valid click record says: its user, page (None for a forget) and whether it forgets the user."""
+
+    user: str
+    page: str | None
+    forget: bool
+    ts: datetime
+
+
+def click_facts(record) -> ClickFacts | None:
+    """The facts of a produced click, or None for a malformed one (a dead letter)."""
+    if record.malformed:
+        return None
+    payload = json.loads(record.value)
+    return ClickFacts(payload["user"], payload.get("page"), bool(payload.get("forget")), record.event_time)
+
+
+def expected_clicks_raw(records: list, coords: list[tuple[int, int]]) -> dict[tuple[int, int], tuple]:
+    """clicks_raw: every valid click once (late ones and forgets too), by its (partition, offset)."""
+    out = {}
+    for coord, record in zip(coords, records, strict=True):
+        facts = click_facts(record)
+        if facts is not None:
+            out[coord] = (facts.user, facts.page, facts.ts)
+    return out
+
+
+@dataclass(frozen=True)
+class _PageLine:
+    """A click as helpers.recount counts it: `ip` is the page (None for a forget, which counts no view)."""
+
+    ip: str | None
+    event_time: datetime | None
+    malformed: bool
+
+
+def recount_page_views(records: list, coords: list[tuple[int, int]],
+                       batches: list[tuple[str, list[tuple[int, int, int]]]], window: int = 60,
+                       lateness: int = 5) -> Expected:
+    """page_views and late_records: the watermark rule of `recount` over the committed batches (a forget moves
+    the watermark and can be late, as any valid click, but is no page view)."""
+    lines = []
+    for record in records:
+        facts = click_facts(record)
+        lines.append(_PageLine(None, None, True) if facts is None else
+                     _PageLine(None if facts.forget else facts.page, facts.ts, False))
+    expected = recount(lines, coords, batches, window=window, lateness=lateness)
+    expected.counts = Counter({key: n for key, n in expected.counts.items() if key[1] is not None})
+    return expected
+
+
+def expected_user_last_page(records: list, coords: list[tuple[int, int]]) -> dict[str, tuple]:
+    """user_last_page: every valid click (late ones included) replayed in the sink's order, (ts, partition,
+    offset); a forget removes its user. {user: (page, ts, partition, offset)}."""
+    table: dict[str, tuple] = {}
+    ordered = sorted((facts.ts, partition, offset, facts) for (partition, offset), facts in
+                     ((coord, click_facts(r)) for coord, r in zip(coords, records, strict=True)) if facts)
+    for ts, partition, offset, facts in ordered:
+        if facts.forget:
+            table.pop(facts.user, None)
+        else:
+            table[facts.user] = (facts.page, ts, partition, offset)
+    return table
+
+
+def clicks_raw_table(url: str) -> dict[tuple[int, int], tuple]:
+    """clicks_raw as {(partition, offset): (user, page, ts)}; a second row for one coordinate fails."""
+    with transaction(url) as session:
+        rows = session.execute(text('SELECT partition, "offset", "user", page, ts FROM clicks_raw')).all()
+    table = {(p, o): (user, page, ts) for p, o, user, page, ts in rows}
+    assert len(table) == len(rows), "clicks_raw holds a coordinate twice"
+    return table
+
+
+def page_views_table(url: str) -> Counter:
+    with transaction(url) as session:
+        rows = session.execute(text("SELECT window_start, page, views FROM page_views")).all()
+    return Counter({(start, page): views for start, page, views in rows})
+
+
+def user_last_page_table(url: str) -> dict[str, tuple]:
+    with transaction(url) as session:
+        rows = session.execute(text('SELECT "user", page, ts, partition, "offset" FROM user_last_page')).all()
+    return {user: (page, ts, partition, offset) for user, page, ts, partition, offset in rows}
+
+
+def published_clicks_problems(published: list[tuple[int, dict]], raw: dict[tuple[int, int], tuple]) -> list[str]:
+    """What is wrong with the clicks_raw rows a read_committed reader saw ((seq, value) as read_output gives):
+    the sequences must be 1..n, each valid click published exactly once with its user, page and time, and no
+    correction (nothing was replayed). Empty when all is well."""
+    problems = []
+    seqs = sorted(seq for seq, _ in published)
+    if seqs != list(range(1, len(seqs) + 1)):
+        problems.append(f"sequences not gap-free and unique: {len(seqs)} records, max {max(seqs, default=0)}")
+    sent = Counter((v["partition"], v["offset"]) for _, v in published)
+    twice = sorted(co for co, n in sent.items() if n > 1)
+    if twice:
+        problems.append(f"{len(twice)} click(s) published more than once, e.g. {twice[:3]}")
+    missing = sorted(set(raw) - set(sent))
+    if missing:
+        problems.append(f"{len(missing)} click(s) never published, e.g. {missing[:3]}")
+    extra = sorted(set(sent) - set(raw))
+    if extra:
+        problems.append(f"{len(extra)} published record(s) that are no valid click, e.g. {extra[:3]}")
+    wrong = [(v["partition"], v["offset"]) for _, v in published if (v["partition"], v["offset"]) in raw and (
+        (v["user"], v["page"], datetime.fromisoformat(v["ts"])) != raw[(v["partition"], v["offset"])]
+        or v.get("correction"))]
+    if wrong:
+        problems.append(f"{len(wrong)} published value(s) differ from the click, e.g. {wrong[:3]}")
+    return problems
