@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import secrets
 import subprocess
 import sys
 import urllib.error
@@ -14,36 +15,65 @@ from pathlib import Path
 from microbatch.dev.process import free_port, port_open, terminate_group, wait_until
 from microbatch.runtime import PROJECT_ROOT, spark_jars
 from microbatch.runtime import spark_home as runtime_spark_home
+from microbatch.sinks import delta
 
 log = logging.getLogger(__name__)
+# Where the Spark Connect server (and the PySpark client, when the URL has no token) reads its token.
+CONNECT_TOKEN_ENV = "SPARK_CONNECT_AUTHENTICATE_TOKEN"
 
 
 class SparkStandalone:
-    """A Spark standalone cluster from the pyspark wheel: one master and `workers` workers, each its own JVM."""
+    """A Spark standalone cluster from the pyspark wheel: one master and `workers` workers, each its own JVM.
 
-    def __init__(self, work_dir: Path, workers: int = 2, cores_per_worker: int = 1, memory: str = "1g") -> None:
+    With `authenticate` (the default) every RPC needs the cluster's generated secret (`spark.authenticate`):
+    it lives in `conf_dir`/spark-defaults.conf (owner-only), never on a command line; a driver gets it
+    through `client_env()`."""
+
+    def __init__(self, work_dir: Path, workers: int = 2, cores_per_worker: int = 1, memory: str = "1g",
+                 authenticate: bool = True) -> None:
         self.work_dir = Path(work_dir)
         self.port = free_port()
         self.webui_port = free_port()
         self.workers = workers
         self.cores_per_worker = cores_per_worker
         self.memory = memory
+        self.secret = secrets.token_hex(32) if authenticate else None
         self.processes: list[subprocess.Popen[bytes]] = []
 
     @property
     def master_url(self) -> str:
         return f"spark://127.0.0.1:{self.port}"
 
+    @property
+    def conf_dir(self) -> Path:
+        return self.work_dir / "conf"
+
+    def client_env(self) -> dict[str, str]:
+        """The environment a driver (spark-submit, a Connect server) needs to use this cluster: SPARK_CONF_DIR
+        with spark.authenticate and the secret; empty without authentication."""
+        return {"SPARK_CONF_DIR": str(self.conf_dir)} if self.secret else {}
+
+    def _write_conf(self) -> None:
+        self.conf_dir.mkdir(parents=True, exist_ok=True)
+        self.conf_dir.chmod(0o700)
+        defaults = self.conf_dir / "spark-defaults.conf"
+        defaults.touch(mode=0o600)
+        defaults.chmod(0o600)  # before the secret is written
+        lines = ["spark.authenticate true", f"spark.authenticate.secret {self.secret}"] if self.secret else []
+        defaults.write_text("".join(f"{line}\n" for line in lines))
+
     def _spark_class(self, name: str, *args: str) -> subprocess.Popen[bytes]:
         spark_home = runtime_spark_home()
         env = {**os.environ, "SPARK_HOME": str(spark_home), "SPARK_LOCAL_IP": "127.0.0.1",
-               "SPARK_WORKER_DIR": str(self.work_dir / "work"), "SPARK_LOG_DIR": str(self.work_dir)}
+               "SPARK_WORKER_DIR": str(self.work_dir / "work"), "SPARK_LOG_DIR": str(self.work_dir),
+               "SPARK_CONF_DIR": str(self.conf_dir)}
         out = (self.work_dir / f"{name.rsplit('.', 1)[-1].lower()}-{len(self.processes)}.log").open("ab")
         command = [str(spark_home / "bin" / "spark-class"), name, *args]
         return subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
 
     def start(self, timeout: float = 90) -> SparkStandalone:
         self.work_dir.mkdir(parents=True, exist_ok=True)
+        self._write_conf()
         self.processes.append(self._spark_class("org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
                                                 "--port", str(self.port), "--webui-port", str(self.webui_port)))
         wait_until(lambda: port_open(self.port) and self._master_status() is not None, timeout,
@@ -93,20 +123,27 @@ class SparkConnectServer:
     The stage task of a pipeline in `spark.mode: connect` submits to it through the Connect client,
     so no JVM starts per batch. Its Python workers import the platform from `include/` (failpoints,
     UDFs of a job), as the executors of a spark-submit do.
+
+    With a `token`, the server refuses a client without it; the server reads it from its environment
+    (SPARK_CONNECT_AUTHENTICATE_TOKEN), never from its command line.
     """
 
     def __init__(self, work_dir: Path, port: int | None = None, master: str = "local[2]",
-                 driver_memory: str = "1g", conf: dict[str, str] | None = None) -> None:
+                 driver_memory: str = "1g", conf: dict[str, str] | None = None, token: str | None = None) -> None:
         self.work_dir = Path(work_dir)
         self.port = port or free_port()
         self.master = master
         self.driver_memory = driver_memory
         self.conf = dict(conf or {})
+        self.token = token
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
     def remote(self) -> str:
-        """The Connect URL for `SparkSession.builder.remote()` / `SPARK_REMOTE`."""
+        """The Connect URL for `SparkSession.builder.remote()` / `SPARK_REMOTE`; with a token, the token too,
+        on `localhost`: the only host on which the Connect client sends a token without TLS."""
+        if self.token:
+            return f"sc://localhost:{self.port}/;token={self.token}"
         return f"sc://127.0.0.1:{self.port}"
 
     @property
@@ -123,6 +160,7 @@ class SparkConnectServer:
             "spark.executor.extraJavaOptions": "-Duser.timezone=UTC",
             "spark.ui.enabled": "false",
             "spark.pyspark.python": sys.executable,
+            **delta.SPARK_SESSION_CONF,  # static settings: a Connect session cannot set them later
             **self.conf,
         }
         command = [str(spark_home / "bin" / "spark-submit"), "--class",
@@ -140,6 +178,9 @@ class SparkConnectServer:
                "PYSPARK_PYTHON": sys.executable,
                "PYTHONPATH": os.pathsep.join(filter(None, [str(root / "include"), str(root),
                                                            os.environ.get("PYTHONPATH")]))}
+        env.pop(CONNECT_TOKEN_ENV, None)
+        if self.token:
+            env[CONNECT_TOKEN_ENV] = self.token
         self.process = subprocess.Popen(self.command(), env=env, stdout=self.log_file.open("ab"),
                                         stderr=subprocess.STDOUT, start_new_session=True, cwd=root)
         process = self.process
