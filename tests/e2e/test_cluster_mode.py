@@ -25,7 +25,9 @@ def cluster(tmp_path):
 def test_ip_count_on_a_standalone_cluster(cluster, service_env, topic, kafka, ledger_url, tmp_path):
     specs = write_test_spec(tmp_path / "pipelines", topic, max_records=3000, bootstrap=kafka.bootstrap_servers)
     connection = {"conn_type": "spark", "host": "spark://127.0.0.1", "port": cluster.port}
-    env = {**service_env, "MICROBATCH_PIPELINES_DIR": str(specs), "AIRFLOW_CONN_SPARK_DEFAULT": json.dumps(connection)}
+    # client_env: the cluster runs with spark.authenticate; its secret reaches spark-submit through SPARK_CONF_DIR.
+    env = {**service_env, **cluster.client_env(), "MICROBATCH_PIPELINES_DIR": str(specs),
+           "AIRFLOW_CONN_SPARK_DEFAULT": json.dumps(connection)}
     lines = generate_lines(5_000, ips=30, span_seconds=60, out_of_order=0.1, malformed=0.03, seed=31)
     coords = produce_lines(kafka.bootstrap_servers, topic, lines)
 
