@@ -101,13 +101,17 @@ def test_devstack_connect_starts_reuses_and_down_stops_a_detached_server(tmp_pat
     try:
         first = devstack("connect")
         state = json.loads((cache / "devstack" / "state.json").read_text())
-        remote = f"sc://127.0.0.1:{state['connect_port']}"
-        assert f"export MICROBATCH_SPARK_REMOTE={remote}\n" in first
+        # The server requires the stack's token: in the remote that env.sh exports, never in what is printed.
+        token = state["connect_token"]
+        remote = f"sc://localhost:{state['connect_port']}/;token={token}"
+        assert f"up on sc://localhost:{state['connect_port']}, token required" in first and token not in first
+        assert f"source {cache / 'devstack' / 'env.sh'}" in first
         assert state["env"]["MICROBATCH_SPARK_REMOTE"] == remote
         assert f"export MICROBATCH_SPARK_REMOTE='{remote}'" in (cache / "devstack" / "env.sh").read_text()
         assert port_open(state["connect_port"])
         again = devstack("connect")  # the live server is reused, not started twice
-        assert f"already up on {remote} (pid {state['connect_pid']})" in again
+        assert f"already up on sc://localhost:{state['connect_port']} (pid {state['connect_pid']})" in again
+        assert token not in again
     finally:
         devstack("down")
     assert not port_open(state["connect_port"])

@@ -24,6 +24,8 @@ def local_env(root: Path = ROOT) -> dict[str, str]:
         "AIRFLOW__CORE__DAGS_FOLDER": str(root / "dags"),
         "AIRFLOW__CORE__PLUGINS_FOLDER": str(root / "plugins"),
         "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+        # The local stack listens on loopback only (docs/running-for-real.md); Airflow's default is 0.0.0.0.
+        "AIRFLOW__API__HOST": "127.0.0.1",
         "AIRFLOW__CORE__UNIT_TEST_MODE": "False",
         "AIRFLOW__LOGGING__LOGGING_LEVEL": "INFO",
         "AIRFLOW_CONN_SPARK_DEFAULT": json.dumps({"conn_type": "spark", "host": "local[2]"}),

@@ -13,6 +13,7 @@ import contextlib
 import json
 import logging
 import os
+import secrets
 import signal
 import sys
 import time
@@ -59,7 +60,7 @@ def _save_state(state: dict) -> None:
     (root / "env.sh").chmod(0o600)
 
 
-_CONNECT_KEYS = ("connect_port", "connect_pid")
+_CONNECT_KEYS = ("connect_port", "connect_pid", "connect_token")
 _AIRFLOW_KEYS = ("airflow_pid", "airflow_pgid", "airflow_started", "airflow_home")
 
 
@@ -120,26 +121,31 @@ def _connect_alive(state: dict) -> bool:
 
 
 def connect() -> str:
-    """Start a detached Spark Connect server under `.cache/devstack/connect` (or reuse a live one), record its
-    port and pid in the stack's state, and return its remote (`sc://127.0.0.1:PORT`)."""
+    """Start a detached Spark Connect server under `.cache/devstack/connect` (or reuse a live one) that requires
+    the stack's token, record its port, pid and token in the stack's state, and return its remote
+    (`sc://localhost:PORT/;token=...`). What it prints never holds the token: env.sh does."""
+    from microbatch.spark_remote import display
+
     state = _load_state()
     if _connect_alive(state):
-        remote = f"sc://127.0.0.1:{state['connect_port']}"
-        print(f"Spark Connect server already up on {remote} (pid {state['connect_pid']})")
+        remote = state.get("env", {}).get(SPARK_REMOTE_ENV) or f"sc://127.0.0.1:{state['connect_port']}"
+        print(f"Spark Connect server already up on {display(remote)} (pid {state['connect_pid']})")
     else:
         _stop_connect(state)
         state["stack_id"] = _mark_stack(state)
+        # One token per stack, kept across restarts like the port, so an exported remote stays valid.
+        state["connect_token"] = state.get("connect_token") or secrets.token_urlsafe(32)
         _save_state(state)
         port = state.get("connect_port")  # the recorded port keeps the exported remote valid, if it is free
         server = SparkConnectServer(cache_dir() / "devstack" / "connect",
-                                    port=port if port and not port_open(port) else None)
+                                    port=port if port and not port_open(port) else None, token=state["connect_token"])
         server.start()
         remote = server.remote
         state = {**_load_state(), "connect_port": server.port, "connect_pid": server.pid}
         state["env"] = {**state.get("env", {}), SPARK_REMOTE_ENV: remote}
         _save_state(state)
-        print(f"Spark Connect server log: {server.log_file}")
-    print(f"export {SPARK_REMOTE_ENV}={remote}")
+        print(f"Spark Connect server up on {display(remote)}, token required; log: {server.log_file}")
+    print(f"source {cache_dir() / 'devstack' / 'env.sh'}   # exports {SPARK_REMOTE_ENV} with the token")
     return remote
 
 
