@@ -1,19 +1,27 @@
 """The exactly-once chaos harness, modelled on Kafka's `transactions_test.py` and Kafka Streams' EOS test.
 
-It starts its own broker and Postgres, produces access-log lines in chunks (some malformed,
-some late, plus source transactions that are aborted on purpose), runs the ip_count DAG over
-and over (`microbatch run`, i.e. Airflow dag.test with real spark-submit) while it injects
-faults at random times, by SIGKILL and by SIGTERM, then quiesces and checks:
+It starts its own broker and Postgres, produces input in chunks (some malformed, some late, plus
+source transactions that are aborted on purpose), runs the pipeline's DAG over and over
+(`microbatch run`, i.e. Airflow dag.test with real spark-submit) while it injects faults at random
+times, by SIGKILL and by SIGTERM, then quiesces and checks:
 
 - no loss: every input offset is in a committed range (the ledger audit passes, positions reach the end);
-- no duplicate: the ip_counts totals equal an independent recount of the input;
 - dead letters equal the malformed set; late records equal the late set;
-- read_committed consumers of the output topic, one running during the faults and one after,
-  each see every final window exactly once, with a gap-free sequence;
 - the hanging-transaction marker probe passes;
-- liveness: a commit followed every fault within a bound.
+- liveness: a commit followed every fault within a bound;
+
+and per pipeline:
+
+- `ip_count` (access-log lines): no duplicate, the ip_counts totals equal an independent recount of the
+  input; read_committed consumers of the output topic, one running during the faults and one after, each
+  see every final window exactly once, with a gap-free sequence;
+- `clicks` (JSON clicks, the shipped clicks.yaml with its row sinks): `clicks_raw` holds every valid click
+  once with its coordinates, late ones and forgets included; `page_views` equals a recount over the
+  committed batches; `user_last_page` equals the history replayed in order, tombstones included; the two
+  read_committed consumers see each clicks_raw row exactly once, with a gap-free sequence.
 
     PYTHONPATH=include:. .venv/bin/python -m tests.chaos.harness --records 100000 --rounds 3
+    PYTHONPATH=include:. .venv/bin/python -m tests.chaos.harness --pipeline clicks --records 20000 --rounds 1
 
 A fast subset runs inside `make test` (tests/chaos/test_harness.py).
 """
@@ -41,23 +49,46 @@ from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from sqlalchemy import text
 
 from microbatch.dev import localenv
-from microbatch.dev.datagen import LogLine, generate_lines, produce_lines
+from microbatch.dev.datagen import (
+    Click,
+    LogLine,
+    format_click,
+    format_line,
+    generate_clicks,
+    generate_lines,
+    produce_lines,
+)
 from microbatch.dev.kafka import KafkaBroker, create_topic
 from microbatch.dev.postgres import LocalPostgres
 from microbatch.failpoints import ARMED_FILE, FAILPOINT_DIR_ENV
 from microbatch.ledger.database import get_engine, migrate, transaction
 from tests.e2e.helpers import (
+    clicks_raw_table,
     committed_batches,
     dead_letter_coordinates,
+    expected_clicks_raw,
+    expected_user_last_page,
     late_coordinates,
+    page_views_table,
+    pipeline_dag_folder,
+    published_clicks_problems,
     read_output,
     recount,
+    recount_page_views,
     sink_counts,
+    user_last_page_table,
     verify_ledger,
+    write_clicks_test_spec,
     write_test_spec,
 )
 
 SOURCE = "chaos_source"
+PIPELINES = ("ip_count", "clicks")
+# What the aborted source transactions hold: a record the pipeline would take, were it ever read.
+ABORTED_VALUE = {
+    "ip_count": b'10.9.9.9 - - [22/Nov/2026:12:00:00 +0000] "GET / HTTP/1.1" 200 1',
+    "clicks": b'{"user": "aborted", "page": "/aborted", "ts": "2026-11-22T12:00:00Z"}',
+}
 
 
 @dataclass
@@ -85,12 +116,15 @@ class Harness:
     batch_size: int = 4_000
     seed: int = 1
     liveness_bound_s: float = 240.0
-    lines: list[LogLine] = field(default_factory=list)
+    pipeline: str = "ip_count"  # or "clicks"
+    lines: list[LogLine | Click] = field(default_factory=list)
     coords: list[tuple[int, int]] = field(default_factory=list)
     faults: list[FaultRecord] = field(default_factory=list)
     runners: list[subprocess.Popen] = field(default_factory=list)
 
     def __post_init__(self) -> None:
+        if self.pipeline not in PIPELINES:
+            raise ValueError(f"the harness runs {', '.join(PIPELINES)}, not {self.pipeline}")
         self.rng = random.Random(self.seed)
         self.stop = threading.Event()
         self.loop_done = threading.Event()
@@ -108,16 +142,26 @@ class Harness:
         self.url = self.postgres.url("chaos")
         migrate(self.url)
         create_topic(self.broker.bootstrap_servers, SOURCE, 4)
-        specs = write_test_spec(self.work / "pipelines", SOURCE, self.batch_size,
-                                bootstrap=self.broker.bootstrap_servers)
+        if self.pipeline == "clicks":
+            specs = write_clicks_test_spec(self.work / "pipelines", SOURCE, self.batch_size,
+                                           bootstrap=self.broker.bootstrap_servers)
+            dags = pipeline_dag_folder(self.work, self.pipeline)  # the shipped dags/ would load ip_count too
+        else:
+            specs = write_test_spec(self.work / "pipelines", SOURCE, self.batch_size,
+                                    bootstrap=self.broker.bootstrap_servers)
+            dags = {}
         self.output = f"{SOURCE}_out"
         self.env = {
             **os.environ,
+            **dags,
             "MICROBATCH_LEDGER_URL": self.url,
             "MICROBATCH_KAFKA_BOOTSTRAP": self.broker.bootstrap_servers,
             "MICROBATCH_PIPELINES_DIR": str(specs),
             FAILPOINT_DIR_ENV: str(self.work / "failpoints"),
         }
+        if self.pipeline == "clicks":  # its sink tables, from the spec, as an operator makes them
+            subprocess.run([sys.executable, "-m", "microbatch.cli", "migrate"], env=self.env, check=True,
+                           capture_output=True, text=True, timeout=300)
 
     def close(self) -> None:
         self.stop.set()
@@ -132,6 +176,14 @@ class Harness:
     # input ----------------------------------------------------------------------------------------
     def produce_chunk(self, index: int) -> None:
         start = datetime(2026, 11, 22, 12, 0, 0, tzinfo=UTC) + timedelta(seconds=60 * index)
+        chunk = (self._clicks_chunk if self.pipeline == "clicks" else self._lines_chunk)(index, start)
+        coords = _retrying(lambda: produce_lines(self.broker.bootstrap_servers, SOURCE, chunk))
+        self._aborted_transaction()
+        with self.lock:
+            self.lines.extend(chunk)
+            self.coords.extend(coords)
+
+    def _lines_chunk(self, index: int, start: datetime) -> list[LogLine]:
         chunk = generate_lines(self.records // self.chunks, ips=40, span_seconds=60, out_of_order=0.15,
                                malformed=0.02, start=start, seed=self.seed * 1000 + index)
         if index > 0:  # a few stragglers far behind: late by the time they are read
@@ -139,14 +191,23 @@ class Harness:
                 old = chunk[i]
                 if not old.malformed:
                     when = old.event_time - timedelta(seconds=40)
-                    from microbatch.dev.datagen import format_line
-
                     chunk[i] = LogLine(format_line(old.ip, when), old.ip, when)
-        coords = _retrying(lambda: produce_lines(self.broker.bootstrap_servers, SOURCE, chunk))
-        self._aborted_transaction()
-        with self.lock:
-            self.lines.extend(chunk)
-            self.coords.extend(coords)
+        return chunk
+
+    def _clicks_chunk(self, index: int, start: datetime) -> list[Click]:
+        """A minute of clicks of 40 users (3% forgets, 2% malformed); after the first chunk, 1% stragglers
+        two minutes behind: in a one-minute window that the previous chunks' watermark has closed."""
+        chunk = generate_clicks(self.records // self.chunks, users=40, pages=10, span_seconds=60, malformed=0.02,
+                                late=0.0, forget=0.03, start=start, seed=self.seed * 1000 + index)
+        if index > 0:
+            for i in self.rng.sample(range(len(chunk)), k=max(1, len(chunk) // 100)):
+                old = chunk[i]
+                if not old.malformed:
+                    payload = json.loads(old.value)
+                    when = old.event_time - timedelta(seconds=130)
+                    value = format_click(old.user, payload.get("page"), when, forget=bool(payload.get("forget")))
+                    chunk[i] = Click(value, old.user, when)
+        return chunk
 
     def _aborted_transaction(self) -> None:
         """Source records in a transaction that is aborted on purpose: read_committed never counts them."""
@@ -156,8 +217,7 @@ class Harness:
             producer.init_transactions()
             producer.begin_transaction()
             for partition in range(4):
-                producer.send(SOURCE, value=b'10.9.9.9 - - [22/Nov/2026:12:00:00 +0000] "GET / HTTP/1.1" 200 1',
-                              partition=partition)
+                producer.send(SOURCE, value=ABORTED_VALUE[self.pipeline], partition=partition)
             producer.flush()
             producer.abort_transaction()
             producer.close()
@@ -166,7 +226,7 @@ class Harness:
     # the pipeline -----------------------------------------------------------------------------------
     def start_runner(self, max_runs: int = 2) -> subprocess.Popen:
         log = (self.work / "runs.log").open("a")
-        runner = subprocess.Popen([sys.executable, "-m", "microbatch.cli", "run", "ip_count", "--max-runs",
+        runner = subprocess.Popen([sys.executable, "-m", "microbatch.cli", "run", self.pipeline, "--max-runs",
                                    str(max_runs)], env=self.env, stdout=log, stderr=subprocess.STDOUT,
                                   start_new_session=True)
         self.runners.append(runner)
@@ -238,7 +298,7 @@ class Harness:
         tmp.replace(path)  # readers see the old list or the new one, never half of it
 
     def kill_python_worker(self, sig: int) -> str:
-        """Kill the Python workers of a stage mid-read. The ip_count job runs in the JVM, so prepare() armed
+        """Kill the Python workers of a stage mid-read. Both jobs run in the JVM, so prepare() armed
         `stage.read` with a limit it never reaches: the records then pass through a Python (Arrow) worker,
         as in a job with Python UDFs, and that worker is the one killed."""
         try:
@@ -292,8 +352,8 @@ class Harness:
     def overlapping_backfill(self, sig: int) -> str:
         """A fill over the whole topic while the scheduled runs go on: it may only take what nobody committed."""
         log = (self.work / "runs.log").open("a")
-        runner = subprocess.Popen([sys.executable, "-m", "microbatch.cli", "backfill", "ip_count", "--topic", SOURCE,
-                                   "--start", "0", "--end", "latest"], env=self.env, stdout=log,
+        runner = subprocess.Popen([sys.executable, "-m", "microbatch.cli", "backfill", self.pipeline, "--topic",
+                                   SOURCE, "--start", "0", "--end", "latest"], env=self.env, stdout=log,
                                   stderr=subprocess.STDOUT, start_new_session=True)
         self.runners.append(runner)
         return "backfill over [0, latest) started"
@@ -345,7 +405,7 @@ class Harness:
         """Stop injecting, let running work end, then run cleanly until caught up and published."""
         self.stop_loop()
         for _ in range(4):
-            result = subprocess.run([sys.executable, "-m", "microbatch.cli", "run", "ip_count", "--max-runs", "30"],
+            result = subprocess.run([sys.executable, "-m", "microbatch.cli", "run", self.pipeline, "--max-runs", "30"],
                                     env=self.env,  # stop_loop() disarmed every failpoint
                                     capture_output=True, text=True, check=False)
             if result.returncode == 0:
@@ -367,6 +427,8 @@ class Harness:
 
     # checks -------------------------------------------------------------------------------------------
     def check(self, consumer: threading.Thread) -> list[Check]:
+        if self.pipeline == "clicks":
+            return self.check_clicks(consumer)
         checks = []
         expected = recount(self.lines, self.coords, committed_batches(self.url))
         good = sum(1 for line in self.lines if not line.malformed)
@@ -398,6 +460,55 @@ class Harness:
         consumer.join(timeout=10)
         checks.append(Check("read_committed consumer during faults: each final window once",
                             _published_ok(self.observed, final), f"{len(self.observed)} records"))
+        checks.append(Check("no hanging transaction (marker probe)", _marker_probe(self.broker.bootstrap_servers,
+                                                                                   self.output), "markers visible"))
+        checks.append(self._liveness())
+        return checks
+
+    def check_clicks(self, consumer: threading.Thread) -> list[Check]:
+        """The checks of the clicks pipeline, each against an oracle computed from the produced clicks."""
+        checks = []
+        raw = expected_clicks_raw(self.lines, self.coords)
+        actual_raw = clicks_raw_table(self.url)
+        forgets = sum(1 for facts in raw.values() if facts[1] is None)
+        checks.append(Check("no loss, no duplicate: clicks_raw == every valid click once, with its coordinates",
+                            actual_raw == raw, f"{len(actual_raw)} rows, {len(raw)} valid clicks ({forgets} forgets)"))
+        batches = committed_batches(self.url)
+        expected = recount_page_views(self.lines, self.coords, batches)
+        views = page_views_table(self.url)
+        checks.append(Check("no duplicate: page_views == recount over the committed batches",
+                            views == expected.counts, f"{sum(views.values())} views in {len(views)} windows, "
+                            f"{len(batches)} batches"))
+        winners = expected_user_last_page(self.lines, self.coords)
+        checks.append(Check("user_last_page == the history replayed in order, tombstones included",
+                            user_last_page_table(self.url) == winners,
+                            f"{len(winners)} users, {len({f[0] for f in raw.values()}) - len(winners)} forgotten"))
+        audit = json.loads(subprocess.run(
+            [sys.executable, "-m", "microbatch.cli", "verify", self.pipeline, "--json"], env=self.env,
+            capture_output=True, text=True, timeout=120, check=False).stdout)
+        ends = _end_offsets(self.broker.bootstrap_servers, SOURCE)
+        with transaction(self.url) as session:
+            positions = dict(session.execute(text("SELECT partition, next_offset FROM positions")).all())
+        checks.append(Check("no loss: ranges cover every offset to the end", audit["ok"] and positions == ends,
+                            f"{audit['ranges']} committed ranges, positions {positions}, ends {ends}"))
+        checks.append(Check("microbatch verify", audit["ok"], "; ".join(audit["problems"]) or "ok"))
+        malformed = sorted(c for c, click in zip(self.coords, self.lines, strict=True) if click.malformed)
+        checks.append(Check("dead letters == malformed set", dead_letter_coordinates(self.url) == malformed,
+                            f"{len(malformed)} malformed"))
+        checks.append(Check("late records == late set", late_coordinates(self.url) == expected.late,
+                            f"{len(expected.late)} late"))
+        after = read_output(self.broker.bootstrap_servers, self.output)
+        problems = published_clicks_problems(after, raw)
+        checks.append(Check("read_committed consumer after: each clicks_raw row once", not problems,
+                            "; ".join(problems) or f"{len(after)} records"))
+        deadline = time.time() + 60
+        while len(self.observed) < len(after) and time.time() < deadline:
+            time.sleep(1)
+        self.stop.set()
+        consumer.join(timeout=10)
+        problems = published_clicks_problems(self.observed, raw)
+        checks.append(Check("read_committed consumer during faults: each clicks_raw row once", not problems,
+                            "; ".join(problems) or f"{len(self.observed)} records"))
         checks.append(Check("no hanging transaction (marker probe)", _marker_probe(self.broker.bootstrap_servers,
                                                                                    self.output), "markers visible"))
         checks.append(self._liveness())
@@ -527,12 +638,14 @@ def main() -> int:
     parser.add_argument("--batch-size", type=int, default=10_000)
     parser.add_argument("--rounds", type=int, default=3, help="times each fault is applied per signal")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--pipeline", choices=PIPELINES, default="ip_count")
     parser.add_argument("--liveness-bound", type=float, default=300.0, help="seconds from a fault to the next commit")
     parser.add_argument("--json", type=Path, default=None, help="also write the result here")
     args = parser.parse_args()
     started = time.monotonic()
     work = Path(tempfile.mkdtemp(prefix="microbatch-chaos-"))
-    harness = Harness(work, args.records, args.chunks, args.batch_size, args.seed, args.liveness_bound)
+    harness = Harness(work, args.records, args.chunks, args.batch_size, args.seed, args.liveness_bound,
+                      args.pipeline)
     schedule = harness.full_schedule(args.rounds)
     harness.chunks = max(harness.chunks, len(schedule))  # at least one fresh chunk before every fault
     harness.start()
@@ -545,7 +658,8 @@ def main() -> int:
           f"work dir: {work}")
     if args.json:
         args.json.write_text(json.dumps({
-            "records": len(harness.lines), "seed": args.seed, "seconds": round(time.monotonic() - started),
+            "pipeline": args.pipeline, "records": len(harness.lines), "seed": args.seed,
+            "seconds": round(time.monotonic() - started),
             "faults": [{"fault": f.name, "signal": f.sig, "applied": f.done, "commit_after_s": f.recovered_s,
                         "detail": f.detail} for f in harness.faults],
             "checks": [{"check": c.name, "ok": c.ok, "detail": c.detail} for c in checks],
