@@ -1,11 +1,12 @@
-"""JSON click events, `{"user": "u1", "page": "/home", "ts": "2026-11-25T10:00:01Z"}`, into three outputs:
+"""JSON click events, `{"user": "u1", "page": "/home", "ts": "2026-11-25T10:00:01Z"}`, into four outputs:
 
 - `clicks_raw`: every valid click as one row (`user`, `page`, `ts`) with its source topic, partition and offset,
   for a `postgres_append` sink (with `include_late`, late clicks land there too);
 - `page_views`: clicks per page per tumbling event-time window (`window_seconds`, default 60), partial
   counts per source partition, for a windowed `postgres_aggregate` sink;
 - `user_last_page`: each click's `user`, `page`, `ts` and `forget` with its coordinates, for a
-  `postgres_upsert` sink keyed by user, ordered by ts, with `delete_column: forget`.
+  `postgres_upsert` sink keyed by user, ordered by ts, with `delete_column: forget`;
+- `clicks_lake`: the same rows as `clicks_raw`, for a `delta` (Delta Lake) append sink.
 
 `{"user": "u1", "forget": true, "ts": ...}` (no page) asks to forget the user: a tombstone of its last page,
 a row with no page in `clicks_raw`, and no page view. A record that is not a JSON object with string fields
@@ -81,7 +82,7 @@ class Clicks:
         ).groupBy("topic", "partition", "window_start", "window_end", "page").agg(F.count(F.lit(1)).alias("views"))
         last_page = parsed.select("user", "page", F.col("event_time").alias("ts"), "forget", "topic", "partition",
                                   "offset")
-        return {"clicks_raw": raw, "page_views": views, "user_last_page": last_page}
+        return {"clicks_raw": raw, "page_views": views, "user_last_page": last_page, "clicks_lake": raw}
 
 
 transform = Clicks()

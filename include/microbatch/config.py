@@ -458,9 +458,98 @@ class KafkaSink(_Strict):
         return f"microbatch.{self.name}"
 
 
-SinkSpec = Annotated[PostgresAggregateSink | PostgresAppendSink | PostgresUpsertSink | KafkaSink,
+_PARTITION_TRANSFORM = re.compile(r"(?:(year|month|day|hour)\(([a-z_][a-z0-9_]*)\)|([a-z_][a-z0-9_]*))")
+
+
+class LakeMaintenance(_Strict):
+    """The `<pipeline>__maintenance` DAG of a lakehouse sink: compact small files, then remove the files no
+    retained version needs."""
+
+    schedule: str = "@daily"
+    """Cron expression or preset of the maintenance DAG."""
+    retain_hours: int = Field(default=168, ge=0)
+    """VACUUM keeps the files of versions younger than this (Delta's default: 7 days)."""
+
+
+class DeltaSink(_Strict):
+    """A Delta Lake table written by Spark's executors, exactly once per batch: each batch is ONE Delta commit
+    carrying the batch's idempotency key (`txnAppId`) and its ranges (`userMetadata`); the ledger keeps which
+    table version holds which batch. (Iceberg publishes no Spark runtime for Spark 4.2: see docs/sinks.md.)"""
+
+    name: str
+    type: Literal["delta"]
+    path: str | None = None
+    """The table's location: a folder under the warehouse (`MICROBATCH_WAREHOUSE`, default `.cache/warehouse`),
+    an absolute path, or a URI such as `s3a://bucket/tables/clicks` (Spark's Hadoop settings give the
+    credentials). Default: the sink's name under the warehouse."""
+    mode: Literal["append", "upsert"] = "append"
+    columns: dict[str, ColumnType] = Field(min_length=1)
+    """Each column's type (the PostgreSQL names, mapped to Spark's); the table gets `topic`, `partition` and
+    `offset` added."""
+    partition_by: list[str] = Field(default_factory=list)
+    """Columns or transforms `year(c)`, `month(c)`, `day(c)`, `hour(c)` of a timestamp column (a generated
+    column `c_day` etc.)."""
+    include_late: bool = True
+    """Append mode: take records whose window was already final (a landing table takes every valid record)."""
+    keys: list[str] = Field(default_factory=list)
+    """Upsert mode: the key columns (required)."""
+    order_by: str | None = None
+    """Upsert mode: a column ordering the versions of a key before the source coordinates."""
+    delete_column: str | None = None
+    """Upsert mode: a boolean output column (not stored) marking a record as a delete of its key."""
+    maintenance: LakeMaintenance = Field(default_factory=LakeMaintenance)
+
+    @field_validator("name")
+    @classmethod
+    def _identifier(cls, value: str) -> str:
+        return _check_identifier(value)
+
+    @field_validator("columns")
+    @classmethod
+    def _column_names(cls, columns: dict[str, str]) -> dict[str, str]:
+        reserved = sorted(set(columns) & set(SOURCE_COORDINATES))
+        if reserved:
+            raise ValueError(f"declares {', '.join(reserved)}, which the platform adds itself; remove or rename it")
+        return _check_columns(columns)
+
+    @model_validator(mode="after")
+    def _fits_the_mode(self) -> DeltaSink:
+        if self.mode == "upsert" and not self.keys:
+            raise ValueError("keys: an upsert table needs its key columns; list them in keys")
+        if self.mode == "append" and (self.keys or self.order_by or self.delete_column):
+            raise ValueError("keys: only an upsert table has keys, order_by or delete_column; set mode: upsert")
+        known = {*self.columns, *SOURCE_COORDINATES}
+        for field_name, names in (("keys", self.keys), ("order_by", [self.order_by] if self.order_by else [])):
+            unknown = [n for n in names if n not in known]
+            if unknown:
+                raise ValueError(f"{field_name}: {', '.join(unknown)} is not among the columns; declare it in columns")
+        for item in self.partition_by:
+            match = _PARTITION_TRANSFORM.fullmatch(item)
+            column = match and (match.group(2) or match.group(3))
+            if not column or column not in known:
+                raise ValueError(f"partition_by: '{item}' is neither a column nor year|month|day|hour(column) of "
+                                 "a declared column")
+            if match.group(1) and self.columns.get(column) not in ("timestamptz", "timestamp", "date"):
+                raise ValueError(f"partition_by: '{item}' needs a timestamp or date column")
+        return self
+
+    @property
+    def partition_columns(self) -> list[tuple[str, str | None, str]]:
+        """(table column, transform or None, source column) for each `partition_by` item."""
+        out = []
+        for item in self.partition_by:
+            match = _PARTITION_TRANSFORM.fullmatch(item)
+            assert match is not None
+            if match.group(1):
+                out.append((f"{match.group(2)}_{match.group(1)}", match.group(1), match.group(2)))
+            else:
+                out.append((match.group(3), None, match.group(3)))
+        return out
+
+
+SinkSpec = Annotated[PostgresAggregateSink | PostgresAppendSink | PostgresUpsertSink | KafkaSink | DeltaSink,
                      Field(discriminator="type")]
-_SINK_TAGS = {"postgres_aggregate", "postgres_append", "postgres_upsert", "kafka"}
+_SINK_TAGS = {"postgres_aggregate", "postgres_append", "postgres_upsert", "kafka", "delta"}
 
 
 class RetrySpec(_Strict):
@@ -562,6 +651,10 @@ class PipelineSpec(_Strict):
     @property
     def kafka_sinks(self) -> list[KafkaSink]:
         return [s for s in self.sinks if isinstance(s, KafkaSink)]
+
+    @property
+    def lake_sinks(self) -> list[DeltaSink]:
+        return [s for s in self.sinks if isinstance(s, DeltaSink)]
 
     @property
     def group_id(self) -> str:

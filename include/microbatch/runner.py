@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from microbatch.dev import localenv
+from microbatch.errors import SpecError
 
 log = logging.getLogger(__name__)
 
@@ -52,14 +53,21 @@ def metadata_db() -> Iterator[None]:
         yield
 
 
-def run_once(pipeline: str, backfill: dict | None = None) -> RunOutcome:
-    """One DAG run of the pipeline (or, with `backfill` params, of its backfill DAG), in this process."""
+def run_once(pipeline: str, backfill: dict | None = None, maintenance: bool = False) -> RunOutcome:
+    """One DAG run of the pipeline (or, with `backfill` params, of its backfill DAG; with `maintenance`, of its
+    maintenance DAG), in this process."""
     localenv.apply()
-    from microbatch.airflow.dags import backfill_dag, pipeline_dag, sync_dag_files
+    from microbatch.airflow.dags import backfill_dag, maintenance_dag, pipeline_dag, sync_dag_files
 
     with metadata_db():
         sync_dag_files()  # dag.test() syncs again, then finds every row current: no insert races another run
-    dag = backfill_dag(pipeline) if backfill is not None else pipeline_dag(pipeline)
+    if maintenance:
+        dag = maintenance_dag(pipeline)
+        if dag is None:
+            raise SpecError(f"Pipeline '{pipeline}' has no delta sink, so it has no maintenance DAG.",
+                            fix="Add a sink of type delta, or maintain its Postgres tables with your own tools.")
+    else:
+        dag = backfill_dag(pipeline) if backfill is not None else pipeline_dag(pipeline)
     dag_run = dag.test(run_conf=backfill)
     # In the order the tasks ran (plan, stage, commit, publish); tasks that never started last.
     instances = sorted(dag_run.get_task_instances(), key=lambda ti: (ti.start_date is None, ti.start_date or 0,

@@ -64,9 +64,9 @@ def test_new_refuses_an_existing_name_and_bad_input_before_writing(tmp_path: Pat
     assert scaffold.parse_columns("a:text, b:double precision") == {"a": "text", "b": "double precision"}
 
 
-def test_the_shipped_clicks_spec_uses_the_four_sink_types_and_the_transforms_outputs() -> None:
+def test_the_shipped_clicks_spec_uses_the_five_sink_types_and_the_transforms_outputs() -> None:
     spec = find_spec("clicks")
-    assert sorted(s.type for s in spec.sinks) == ["kafka", "postgres_aggregate", "postgres_append",
+    assert sorted(s.type for s in spec.sinks) == ["delta", "kafka", "postgres_aggregate", "postgres_append",
                                                     "postgres_upsert"]
     outputs = "".join(ast.unparse(node) for node in ast.walk(ast.parse(Path("spark_jobs/clicks.py").read_text()))
                       if isinstance(node, ast.Return) and isinstance(node.value, ast.Dict))

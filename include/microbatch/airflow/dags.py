@@ -16,7 +16,7 @@ from airflow.sdk import DAG, Asset, Param, task
 from airflow.sdk.exceptions import AirflowSkipException
 
 from microbatch.airflow import hooks
-from microbatch.airflow.operators import STAGE_OPERATORS, batch_id_list, resolved, task_errors
+from microbatch.airflow.operators import STAGE_OPERATORS, LakeMaintenanceOperator, batch_id_list, resolved, task_errors
 from microbatch.config import PipelineSpec, find_spec
 from microbatch.kafka.security import security_scope
 
@@ -31,6 +31,20 @@ def pipeline_dag(name: str) -> DAG:
 def backfill_dag(name: str) -> DAG:
     """Build the backfill DAG of the pipeline `name`."""
     return build_dag(find_spec(name), backfill=True)
+
+
+def maintenance_dag(name: str) -> DAG | None:
+    """The `<pipeline>__maintenance` DAG of a pipeline with Delta sinks (None without): compaction and vacuum of
+    its tables, on the schedule of its first Delta sink's `maintenance`."""
+    spec = find_spec(name)
+    if not spec.lake_sinks:
+        return None
+    with DAG(dag_id=f"{spec.name}__maintenance", schedule=spec.lake_sinks[0].maintenance.schedule,
+             start_date=datetime(2024, 1, 1), catchup=False, max_active_runs=1, default_args=_default_args(spec),
+             description=f"Compact and vacuum the Delta tables of {spec.name}",
+             tags=["microbatch", "maintenance", *spec.tags]) as dag:
+        LakeMaintenanceOperator(task_id="maintain", spec=spec)
+    return dag
 
 
 def build_dag(spec: PipelineSpec, *, backfill: bool = False) -> DAG:

@@ -25,6 +25,7 @@ from microbatch.kafka.security import security_scope
 from microbatch.ledger.database import unreachable
 from microbatch.runtime import PROJECT_ROOT, RUN_BATCH, library_zip, spark_jars
 from microbatch.settings import LEDGER_URL_ENV, KafkaSettings
+from microbatch.sinks import delta
 
 log = logging.getLogger("microbatch")
 PLAN_BATCH_IDS = "{{ ti.xcom_pull(task_ids='plan') }}"  # one id, or several joined by commas (a backfill)
@@ -78,7 +79,21 @@ def driver_env(ledger_url: str, kafka: KafkaSettings) -> dict[str, str]:
             filter(None, [str(PROJECT_ROOT / "include"), str(PROJECT_ROOT), os.environ.get("PYTHONPATH")])
         ),
     }
+    env[delta.WAREHOUSE_ENV] = delta.warehouse()  # resolved here, so the driver writes where verify reads
     return env | {name: os.environ[name] for name in PASSED_ON if os.environ.get(name)}
+
+
+def submit_conf(spec: PipelineSpec) -> dict[str, str]:
+    """The Spark settings of every spark-submit of a pipeline: UTC everywhere, Delta's session extension when
+    it has a Delta sink, then the spec's own."""
+    return {
+        "spark.sql.session.timeZone": "UTC",
+        "spark.driver.extraJavaOptions": "-Duser.timezone=UTC",
+        "spark.executor.extraJavaOptions": "-Duser.timezone=UTC",
+        "spark.ui.showConsoleProgress": "false",
+        **(delta.SPARK_SESSION_CONF if spec.lake_sinks else {}),
+        **spec.spark.conf,
+    }
 
 
 class SubmitStageOperator(SparkSubmitOperator):
@@ -86,21 +101,16 @@ class SubmitStageOperator(SparkSubmitOperator):
     `spec.spark.connection`. Connections are resolved when the task runs and reach spark-submit as
     environment variables only, never on its command line."""
 
+    application = RUN_BATCH
+
     def __init__(self, *, spec: PipelineSpec, batch_ids: str = PLAN_BATCH_IDS, **kwargs: Any) -> None:
-        conf = {
-            "spark.sql.session.timeZone": "UTC",
-            "spark.driver.extraJavaOptions": "-Duser.timezone=UTC",
-            "spark.executor.extraJavaOptions": "-Duser.timezone=UTC",
-            "spark.ui.showConsoleProgress": "false",
-            **spec.spark.conf,
-        }
         super().__init__(
-            application=str(RUN_BATCH),
+            application=str(self.application),
             # The spec travels with the command, so the driver needs no spec file wherever it runs.
-            application_args=["--pipeline", spec.name, "--batch-id", batch_ids, "--spec", encode_spec(spec)],
+            application_args=["--pipeline", spec.name, *self.arguments(batch_ids), "--spec", encode_spec(spec)],
             name=f"microbatch-{spec.name}",
             conn_id=spec.spark.connection,
-            conf=conf,
+            conf=submit_conf(spec),
             **kwargs,
         )
         self.pipeline = spec.name
@@ -116,6 +126,25 @@ class SubmitStageOperator(SparkSubmitOperator):
         self.py_files = ",".join(filter(None, [self.py_files, str(library_zip())]))
         self.conf = {"spark.pyspark.python": sys.executable, **(self.conf or {})}
         super().execute(context)
+
+
+    @staticmethod
+    def arguments(batch_ids: str) -> list[str]:
+        return ["--batch-id", batch_ids]
+
+
+class LakeMaintenanceOperator(SubmitStageOperator):
+    """spark-submit of `spark_jobs/maintain_lake.py`: compacts and vacuums the pipeline's Delta tables, on the
+    pipeline's Spark connection, with the same jars, settings and environment as its stage."""
+
+    application = PROJECT_ROOT / "spark_jobs" / "maintain_lake.py"
+
+    def __init__(self, *, spec: PipelineSpec, **kwargs: Any) -> None:
+        super().__init__(spec=spec, batch_ids="", **kwargs)
+
+    @staticmethod
+    def arguments(batch_ids: str) -> list[str]:
+        return []
 
 
 class ConnectStageOperator(BaseOperator):

@@ -11,10 +11,12 @@ from sqlalchemy import (
     Boolean,
     DateTime,
     ForeignKey,
+    Index,
     Integer,
     MetaData,
     Text,
     func,
+    text,
 )
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
@@ -63,6 +65,9 @@ class Pipeline(Base):
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     name: Mapped[str] = mapped_column(Text, unique=True)
     spec_hash: Mapped[str] = mapped_column(Text)
+    uid: Mapped[str] = mapped_column(Text, server_default=text("gen_random_uuid()::text"))
+    """This ledger's identity of the pipeline: a lakehouse table tells its batches from those of another ledger
+    (or an earlier ledger of the same name) by it."""
     state: Mapped[dict[str, Any]] = mapped_column(default=dict)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
@@ -160,3 +165,21 @@ class LagSnapshot(Base):
     lag: Mapped[int] = mapped_column(BigInteger)
     lag_after: Mapped[int] = mapped_column(BigInteger)
     planned_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+
+
+class LakeCommit(Base):
+    """Which version of a lakehouse table holds a batch: written by the stage right after the table's own
+    commit, checked by the ledger's commit, kept after the table's history expires (the audit of `verify`)."""
+
+    __tablename__ = "lake_commits"
+    __table_args__ = (Index("ix_lake_commits_sink_version", "sink", "table_version"),)
+
+    batch_id: Mapped[int] = mapped_column(ForeignKey("batches.id"), primary_key=True)
+    sink: Mapped[str] = mapped_column(Text, primary_key=True)
+    pipeline_id: Mapped[int] = mapped_column(ForeignKey("pipelines.id"))
+    attempt: Mapped[int] = mapped_column(Integer)
+    """The attempt whose write made the version (a later attempt finds it and writes nothing)."""
+    location: Mapped[str] = mapped_column(Text)
+    table_version: Mapped[int] = mapped_column(BigInteger)
+    rows: Mapped[int] = mapped_column(BigInteger)
+    written_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())

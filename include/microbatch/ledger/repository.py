@@ -409,3 +409,8 @@ def abandon_open_batch(session: Session, pipeline_id: int, batch_id: int, reason
     batch.state = BatchState.ABANDONED.value
     batch.error = reason[:2000]
     return was
+
+
+def pipeline_uid(session: Session, pipeline_id: int) -> str:
+    """The ledger's identity of a pipeline, which its lakehouse commits carry."""
+    return session.execute(select(Pipeline.uid).where(Pipeline.id == pipeline_id)).scalar_one()

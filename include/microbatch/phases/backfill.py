@@ -221,8 +221,19 @@ def _refuse_open_overlaps(
         )
 
 
+def _refuse_lake_upserts(spec: PipelineSpec) -> None:
+    """A lakehouse upsert table keeps each key's winner only, not the history a replay recomputes it from."""
+    for sink in spec.lake_sinks:
+        if sink.mode == "upsert":
+            raise SpecError(
+                f"Backfill mode 'replay': sink '{sink.name}' is a delta upsert table, which keeps only each key's "
+                "last value and not the history a replay needs.",
+                fix="Replay into a pipeline without it, or use a postgres_upsert sink, which keeps the history.")
+
+
 def _plan_replay(session: Session, spec: PipelineSpec, pipeline: Pipeline, params: BackfillParams,
                  requests: list[OffsetRange], airflow_run_id: str | None) -> BackfillOutcome:
+    _refuse_lake_upserts(spec)
     replay = plan_replay(requests, repo.committed_range_rows(session, pipeline.id))
     if replay.never_committed:
         first = replay.never_committed[0]

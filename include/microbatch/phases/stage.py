@@ -24,7 +24,7 @@ from sqlalchemy.exc import OperationalError
 
 from microbatch import failpoints
 from microbatch.config import PipelineSpec
-from microbatch.errors import DataLossError, MicrobatchError, SpecError, StageFailedError
+from microbatch.errors import DataLossError, MicrobatchError, SpecError, StageFailedError, ZombieAttemptError
 from microbatch.kafka.offsets import offset_bounds, offsets_client
 from microbatch.kafka.security import spark_client_options
 from microbatch.ledger import repository as repo
@@ -33,6 +33,7 @@ from microbatch.ledger.models import BatchState
 from microbatch.phases.reporting import log_stage_summary
 from microbatch.phases.results import StageResult
 from microbatch.planning import data_loss_at_read, lost_ranges
+from microbatch.sinks import delta
 from microbatch.sinks.base import Sink
 from microbatch.sinks.registry import sinks_of
 from microbatch.spark_remote import is_unavailable
@@ -218,7 +219,7 @@ def _stage_locked(
     keep_observed_metrics(spark)
     parsed = job.parse(records, spec.job.options, current.state_before)
     jdbc = jdbc_options(ledger_url)
-    values, rows_by_sink, read_seconds = _stage_outputs(spec, job, parsed, current, jdbc)
+    values, rows_by_sink, read_seconds = _stage_outputs(spec, job, parsed, current, jdbc, ledger_url)
     failpoints.hit("stage.after_read")
 
     t_write = time.monotonic()
@@ -284,7 +285,8 @@ def _read_ranges(
 
 
 def _stage_outputs(
-    spec: PipelineSpec, job: SparkJob, parsed: DataFrame, current: _Attempt, jdbc: Mapping[str, str]
+    spec: PipelineSpec, job: SparkJob, parsed: DataFrame, current: _Attempt, jdbc: Mapping[str, str],
+    ledger_url: str,
 ) -> tuple[dict[str, Any], dict[str, int], float]:
     """Write the job's output for every sink that stages rows, observing the read's metrics on the way:
     (observed metrics, rows staged per sink, seconds)."""
@@ -293,18 +295,26 @@ def _stage_outputs(
     observed = parsed.observe(observation, *[expr.alias(name) for name, expr in
                                              _read_metrics(job, options, current.partition_keys).items()])
     sinks = [sink for sink in sinks_of(spec).values() if sink.staging is not None]
+    lake = any(sink.writes_in_stage for sink in sinks)
     # One sink: one Spark job reads Kafka, parses, aggregates and writes the staged rows, with the counts and
     # state metrics observed on the way; nothing is cached, so the driver and executor heap stay flat in the
-    # batch size. Several sinks share one read through a cache instead.
-    shared = len(sinks) != 1
+    # batch size. Several sinks share one read through a cache instead, and so does a lakehouse sink, whose
+    # table write (a Delta MERGE) is not a plain action that reports the observed metrics.
+    shared = len(sinks) != 1 or lake
     if shared:
         observed = observed.persist(StorageLevel.MEMORY_AND_DISK)
     tag = current.tag()
     outputs = _job_outputs(job, observed, options, current.state_before, sinks)
     rows_by_sink: dict[str, int] = {}
     t_read = time.monotonic()
+    if lake:
+        observed.count()
     for sink in sinks:
         assert sink.staging is not None
+        if sink.writes_in_stage:
+            rows = _sink_rows(spec, sink, outputs[sink.name]).select(*sink.staging.columns)
+            rows_by_sink[sink.name] = _write_lake(spec, sink, rows, current, ledger_url)
+            continue
         out = _sink_rows(spec, sink, outputs[sink.name]).select(*tag, *sink.staging.columns)
         counted = Observation(f"batch_{current.batch_id}_{current.attempt}_{sink.name}")
         _write_staging(out.observe(counted, F.count(F.lit(1)).alias("rows")), sink.staging.table, jdbc)
@@ -316,6 +326,30 @@ def _stage_outputs(
     if shared:
         observed.unpersist()
     return values, rows_by_sink, read_seconds
+
+
+def _write_lake(spec: PipelineSpec, sink: Sink, rows: DataFrame, current: _Attempt, ledger_url: str) -> int:
+    """Write the batch into a lakehouse table as one idempotent table commit (sinks/delta.py), unless this
+    attempt is no longer the batch's current one, and record in the ledger which version holds it."""
+    with transaction(ledger_url) as session:
+        batch = repo.get_batch(session, current.batch_id)
+        if batch.attempt != current.attempt or batch.state != BatchState.PLANNED.value:
+            raise ZombieAttemptError(
+                f"Batch {current.batch_id} is {batch.state} at attempt {batch.attempt}; attempt {current.attempt} "
+                f"is a zombie and does not write {sink.name}.",
+                fix="Let the newer attempt finish; this run wrote nothing to the table.")
+        pipeline_id = batch.pipeline_id
+        owner = delta.Owner(spec.name, repo.pipeline_uid(session, pipeline_id), sink.name)
+    failpoints.hit("stage.before_lake_commit")
+    started = time.monotonic()
+    found, wrote = delta.write_batch(rows, sink.spec, owner, current.batch_id, current.attempt, current.ranges)
+    log.info("  %s: %s %s rows as version %s of %s (%.1fs)", sink.name, "wrote" if wrote else "found (written "
+             f"by attempt {found.attempt})", found.rows, found.version, delta.location(sink.spec),
+             time.monotonic() - started)
+    failpoints.hit("stage.after_lake_commit")
+    with transaction(ledger_url) as session:
+        delta.record_version(session, pipeline_id, sink.spec, current.batch_id, current.attempt, found)
+    return found.rows
 
 
 def takes_late_records(sink: Sink) -> bool:

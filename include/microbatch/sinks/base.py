@@ -139,6 +139,9 @@ class Sink:
     type: ClassVar[str]
     """The spec's `type` that selects this class."""
     staging: Staging | None = None
+    writes_in_stage = False
+    """A lakehouse sink: the stage writes its table itself (one idempotent table commit per batch), instead of
+    a Postgres staging table; `staging` then names only the columns it takes."""
 
     def __init__(self, spec: SinkSpec) -> None:
         self.spec = spec

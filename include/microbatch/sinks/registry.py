@@ -6,13 +6,14 @@ from __future__ import annotations
 from microbatch.config import PipelineSpec, SinkSpec
 from microbatch.errors import SpecError
 from microbatch.sinks.base import Sink
+from microbatch.sinks.delta import DeltaTableSink
 from microbatch.sinks.kafka import KafkaTopic
 from microbatch.sinks.postgres_aggregate import PostgresAggregate
 from microbatch.sinks.postgres_append import PostgresAppend
 from microbatch.sinks.postgres_upsert import PostgresUpsert
 
 SINK_TYPES: dict[str, type[Sink]] = {cls.type: cls for cls in (PostgresAggregate, PostgresAppend,
-                                                                PostgresUpsert, KafkaTopic)}
+                                                                PostgresUpsert, KafkaTopic, DeltaTableSink)}
 
 
 def sink_for(spec: SinkSpec) -> Sink:

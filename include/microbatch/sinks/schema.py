@@ -31,6 +31,7 @@ from sqlalchemy.dialects import postgresql
 
 from microbatch.config import PipelineSpec, load_spec, spec_paths
 from microbatch.errors import SpecError
+from microbatch.sinks import delta
 from microbatch.sinks.base import quote, sql_type
 from microbatch.sinks.registry import sinks_of
 
@@ -209,11 +210,17 @@ def apply(connection: sa.Connection, spec: PipelineSpec) -> list[str]:
     changes = plan_changes(connection, sink_metadata(spec))
     if changes.refused:
         raise SpecError(f"{spec.name}: {changes.refused[0]}.")
+    for sink in spec.lake_sinks:  # refuse before anything is changed, here or in Postgres
+        table = delta.existing_table(delta.location(sink))
+        refused = table is not None and delta.differences(sink, table)[1]
+        if refused:
+            raise SpecError(f"{spec.name}: sink '{sink.name}': {refused}.")
     apply_changes(connection, changes)
+    lake = [line for sink in spec.lake_sinks for line in delta.migrate_table(sink)]
     inspector = sa.inspect(connection)
     missing = [name for name in required_tables(spec) if not inspector.has_table(name)]
     # Not an error here: the plan refuses the pipeline's batches until someone creates them.
-    return [*changes.additive, *(f"not created: {name} (the spec declares no columns for it; declare them, or "
+    return [*changes.additive, *lake, *(f"not created: {name} (the spec declares no columns for it; declare them, or "
                                  "create the table yourself)" for name in missing)]
 
 
@@ -238,6 +245,8 @@ def check(connection: sa.Connection, spec: PipelineSpec) -> None:
     if changes.additive:
         raise SpecError(f"{spec.name}: the sink tables lack what the spec declares ({'; '.join(changes.additive)}); "
                         "run `microbatch migrate`, which adds it.")
+    for sink in spec.lake_sinks:
+        delta.check_table(spec, sink)
 
 
 def _require(connection: sa.Connection, spec: PipelineSpec) -> None:
