@@ -1,4 +1,11 @@
-"""`airflow standalone` on free ports, in its own AIRFLOW_HOME and process group (the UI tests and benchmarks)."""
+"""Airflow for the local stack: what `airflow standalone` runs, with every listening socket on 127.0.0.1.
+
+`airflow standalone` cannot do that: its scheduler and triggerer start log servers on every interface
+(Airflow's serve_logs has no host setting). `python -m microbatch.dev.airflow` runs the same components
+(metadata DB, scheduler, dag-processor, API server, triggerer) with the API server on 127.0.0.1, the
+components' own log servers off, and one worker log server on 127.0.0.1 in their place, so the UI still
+shows a running task's log. `AirflowStandalone` starts it on free ports for the UI tests and benchmarks.
+"""
 
 from __future__ import annotations
 
@@ -17,9 +24,85 @@ from microbatch.dev.process import free_port, terminate_group
 
 log = logging.getLogger(__name__)
 
+LOOPBACK = "127.0.0.1"
+MODULE = "microbatch.dev.airflow"  # this module, also when it runs as __main__
+# Each component as `airflow <args>`; --skip-serve-logs: their log servers would listen on every interface.
+COMPONENTS = (("scheduler", "--skip-serve-logs"), ("dag-processor",), ("api-server",),
+              ("triggerer", "--skip-serve-logs"))
+TITLE = "airflow standalone"  # how `make down` (stack._is_airflow) recognizes the supervisor
+
+
+def loopback_hostname() -> str:
+    """The local Airflow's `hostname_callable`: the API server fetches a running task's log from the worker
+    log server at the task's hostname, and that server listens on loopback only."""
+    return LOOPBACK
+
+
+def loopback_env(environ: dict[str, str]) -> dict[str, str]:
+    """`environ` with the loopback settings of the local Airflow (the API server's host, the hostname the
+    log server is reached at) and standalone's executor and auth manager, where `environ` has none."""
+    return {
+        "AIRFLOW__API__HOST": LOOPBACK,
+        "AIRFLOW__CORE__HOSTNAME_CALLABLE": f"{MODULE}.loopback_hostname",
+        "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
+        "AIRFLOW__CORE__AUTH_MANAGER": "airflow.api_fastapi.auth.managers.simple.simple_auth_manager.SimpleAuthManager",
+        **environ,
+    }
+
+
+def serve_logs() -> None:
+    """The worker log server (Airflow's own app, which checks a JWT signed with the JWT secret) on loopback."""
+    import uvicorn
+    from airflow.configuration import conf
+    from setproctitle import setproctitle
+
+    setproctitle("airflow serve-logs")
+    uvicorn.run("airflow.utils.serve_logs.log_server:get_app", factory=True, host=LOOPBACK,
+                port=conf.getint("logging", "worker_log_server_port"), log_config=None, access_log=False)
+
+
+def run_standalone() -> int:
+    """Migrate the metadata DB, then run the components and the log server in this process group until one
+    of them exits or this process gets SIGTERM/SIGINT; then stop them all (SIGTERM, SIGKILL after 20 s).
+    Return the exit code of the component that ended first (0 on a signal)."""
+    from setproctitle import setproctitle
+
+    setproctitle(TITLE)
+    env = loopback_env(dict(os.environ))
+    airflow = str(Path(sys.executable).parent / "airflow")
+    # What standalone does first: create or upgrade the metadata DB. Through the CLI, which also writes a missing
+    # airflow.cfg with a generated JWT secret: before the components start, so they all read the same one.
+    subprocess.run([airflow, "db", "migrate"], env=env, check=True)
+    stopping: list[int] = []
+
+    def stop(signum: int, frame: object) -> None:
+        stopping.append(signum)
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    processes = [subprocess.Popen([airflow, *args], env=env) for args in COMPONENTS]
+    processes.append(subprocess.Popen([sys.executable, "-m", MODULE, "serve-logs"], env=env))
+    print(f"{TITLE}: the API server on http://{env['AIRFLOW__API__HOST']}:{env.get('AIRFLOW__API__PORT', '8080')}, "
+          f"the log server on {LOOPBACK}, no other listening socket", flush=True)
+    while not stopping and all(process.poll() is None for process in processes):
+        time.sleep(0.5)
+    ended = next((process.returncode for process in processes if process.poll() is not None), 0)
+    for process in processes:
+        if process.poll() is None:
+            process.terminate()
+    deadline = time.monotonic() + 20
+    for process in processes:
+        try:
+            process.wait(max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+    return 0 if stopping else ended
+
 
 class AirflowStandalone:
-    """`airflow standalone` on free ports, in its own AIRFLOW_HOME and process group."""
+    """The local Airflow (`python -m microbatch.dev.airflow`, every socket on loopback) on free ports, in its
+    own AIRFLOW_HOME and process group."""
 
     def __init__(self, env: dict[str, str], home: Path, log_path: Path) -> None:
         self.port = free_port()
@@ -41,14 +124,14 @@ class AirflowStandalone:
         }
         self.started = time.monotonic()
         with log_path.open("w") as log:
-            self.proc = subprocess.Popen([str(Path(sys.executable).parent / "airflow"), "standalone"], env=env,
-                                         stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            self.proc = subprocess.Popen([sys.executable, "-m", MODULE], env=env, stdout=log,
+                                         stderr=subprocess.STDOUT, start_new_session=True)
 
     def wait_ready(self, timeout: float = 90) -> dict[str, str]:
         """Wait for the api-server's health endpoint; return the generated login of the test user."""
         while True:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"airflow standalone exited: {self.log_path.read_text()[-3000:]}")
+                raise RuntimeError(f"the local Airflow exited: {self.log_path.read_text()[-3000:]}")
             try:
                 with urllib.request.urlopen(f"{self.base}/api/v2/monitor/health", timeout=2):
                     break
@@ -56,7 +139,7 @@ class AirflowStandalone:
                 if time.monotonic() > self.started + timeout:
                     raise RuntimeError(f"the api-server did not come up: {self.log_path.read_text()[-3000:]}") from exc
                 time.sleep(0.5)
-        log.info("airflow standalone answered after %.1fs", time.monotonic() - self.started)
+        log.info("the local Airflow answered after %.1fs", time.monotonic() - self.started)
         passwords = json.loads((self.home / "simple_auth_manager_passwords.json.generated").read_text())
         self.admin_password = passwords["admin"]
         return {"user": "operator", "password": passwords["operator"]}
@@ -88,3 +171,10 @@ class AirflowStandalone:
             except ProcessLookupError:
                 return
             time.sleep(0.2)
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] == ["serve-logs"]:
+        serve_logs()
+    else:
+        sys.exit(run_standalone())

@@ -1,4 +1,5 @@
-"""Processes and ports of the local stack: free ports, readiness waits, stopping process groups."""
+"""Processes and ports of the local stack: free ports, readiness waits, stopping process groups, and the
+sockets a set of processes listens on."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -76,3 +79,42 @@ def terminate_group(process: subprocess.Popen, timeout: float) -> None:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, signal.SIGKILL)
         process.wait(timeout)
+
+
+@dataclass(frozen=True)
+class ListeningSocket:
+    pid: int
+    name: str
+    protocol: str  # "tcp" or "udp"
+    address: str
+    port: int
+
+    @property
+    def loopback_only(self) -> bool:
+        """Whether only this machine can reach it: bound to 127.0.0.0/8 or ::1, not to a wildcard."""
+        import ipaddress
+
+        return ipaddress.ip_address(self.address.split("%")[0]).is_loopback
+
+    def __str__(self) -> str:
+        return f"{self.name} (pid {self.pid}) {self.protocol} {self.address}:{self.port}"
+
+
+def listening_sockets(pids: Iterable[int]) -> list[ListeningSocket]:
+    """Every TCP socket in LISTEN and every unconnected bound UDP socket that the processes `pids` hold (psutil
+    reads them from /proc/net/tcp*, udp* and maps their inodes to the processes); gone processes are skipped."""
+    import psutil
+
+    found = []
+    for pid in set(pids):
+        try:
+            proc = psutil.Process(pid)
+            name = " ".join(proc.cmdline()[:3])[:80] or proc.name()
+            connections = proc.net_connections(kind="inet")
+        except psutil.Error:
+            continue
+        for conn in connections:
+            tcp = conn.type == socket.SOCK_STREAM
+            if (tcp and conn.status == psutil.CONN_LISTEN) or (not tcp and conn.laddr and not conn.raddr):
+                found.append(ListeningSocket(pid, name, "tcp" if tcp else "udp", conn.laddr.ip, conn.laddr.port))
+    return found
