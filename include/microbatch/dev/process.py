@@ -91,30 +91,36 @@ class ListeningSocket:
 
     @property
     def loopback_only(self) -> bool:
-        """Whether only this machine can reach it: bound to 127.0.0.0/8 or ::1, not to a wildcard."""
+        """Whether only this machine can reach it: bound to 127.0.0.0/8 (also as ::ffff:127.x, as a JVM shows
+        it) or ::1, never to a wildcard or another interface."""
         import ipaddress
 
-        return ipaddress.ip_address(self.address.split("%")[0]).is_loopback
+        address = ipaddress.ip_address(self.address.split("%")[0])
+        mapped = getattr(address, "ipv4_mapped", None)
+        return (mapped or address).is_loopback
 
     def __str__(self) -> str:
         return f"{self.name} (pid {self.pid}) {self.protocol} {self.address}:{self.port}"
 
 
 def listening_sockets(pids: Iterable[int]) -> list[ListeningSocket]:
-    """Every TCP socket in LISTEN and every unconnected bound UDP socket that the processes `pids` hold (psutil
-    reads them from /proc/net/tcp*, udp* and maps their inodes to the processes); gone processes are skipped."""
+    """Every TCP socket in LISTEN and every unconnected bound UDP socket that the processes `pids` hold, from
+    one read of /proc/net/tcp*, udp* by psutil (which maps each socket's inode to its process)."""
     import psutil
 
+    wanted = set(pids)
+    names: dict[int, str] = {}
     found = []
-    for pid in set(pids):
-        try:
-            proc = psutil.Process(pid)
-            name = " ".join(proc.cmdline()[:3])[:80] or proc.name()
-            connections = proc.net_connections(kind="inet")
-        except psutil.Error:
+    for conn in psutil.net_connections(kind="inet"):
+        if conn.pid not in wanted or not conn.laddr:
             continue
-        for conn in connections:
-            tcp = conn.type == socket.SOCK_STREAM
-            if (tcp and conn.status == psutil.CONN_LISTEN) or (not tcp and conn.laddr and not conn.raddr):
-                found.append(ListeningSocket(pid, name, "tcp" if tcp else "udp", conn.laddr.ip, conn.laddr.port))
+        tcp = conn.type == socket.SOCK_STREAM
+        if (tcp and conn.status == psutil.CONN_LISTEN) or (not tcp and not conn.raddr):
+            if conn.pid not in names:
+                try:
+                    names[conn.pid] = " ".join(psutil.Process(conn.pid).cmdline()[:3])[:80]
+                except psutil.Error:
+                    names[conn.pid] = "?"
+            found.append(ListeningSocket(conn.pid, names[conn.pid], "tcp" if tcp else "udp", conn.laddr.ip,
+                                         conn.laddr.port))
     return found
