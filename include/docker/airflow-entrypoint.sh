@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Entrypoint of the Airflow containers in docker-compose.yaml: install Java and the project's pinned
-# requirements once per container, then run the given Airflow command.
+# requirements once per container, then run the given Airflow command through spark-entrypoint.sh, which
+# gives the stage's spark-submit the cluster's secret (never on its command line).
 set -euo pipefail
 if [ ! -f /tmp/.microbatch-installed ]; then
   command -v java >/dev/null || (apt-get update -qq && apt-get install -y -qq openjdk-17-jre-headless maven >/dev/null)
@@ -8,4 +9,4 @@ if [ ! -f /tmp/.microbatch-installed ]; then
   pip install -q --no-deps -e /opt/microbatch
   touch /tmp/.microbatch-installed
 fi
-exec "$@"
+exec /opt/microbatch/include/docker/spark-entrypoint.sh "$@"

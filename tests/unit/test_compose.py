@@ -45,7 +45,7 @@ def test_hostnames_ports_and_databases_agree():
     assert "btree_gist" in init
     host, port = env[BOOTSTRAP_ENV].split(":")
     kafka = all_services["kafka"]["environment"]
-    assert host == "kafka" and f"PLAINTEXT://{host}:{port}" == kafka["KAFKA_ADVERTISED_LISTENERS"]
+    assert host == "kafka" and f"PLAINTEXT://{host}:{port}" in kafka["KAFKA_ADVERTISED_LISTENERS"].split(",")
     spark = json.loads(env["AIRFLOW_CONN_SPARK_DEFAULT"])
     master = all_services["spark-master"]["command"]
     assert f"--host {spark['host'].removeprefix('spark://')} --port {spark['port']}" in master
@@ -75,7 +75,7 @@ def test_spark_connect_service_is_wired_to_the_cluster_and_to_airflow():
     assert "--class org.apache.spark.sql.connect.service.SparkConnectServer" in command
     assert "--master spark://spark-master:7077" in command
     port = int(re.search(r"spark\.connect\.grpc\.binding\.port=(\d+)", command).group(1))
-    assert f"{port}:{port}" in connect["ports"]
+    assert f"127.0.0.1:{port}:{port}" in connect["ports"]  # plaintext gRPC: loopback only (test_compose_security)
     assert "spark-master" in connect["depends_on"]
     # The connectors the stage reads and writes with, at the versions the Maven pom fetches for spark-submit.
     pom = (ROOT / "include/jars/spark/pom.xml").read_text()
@@ -85,11 +85,7 @@ def test_spark_connect_service_is_wired_to_the_cluster_and_to_airflow():
     assert f"org.apache.spark:spark-sql-kafka-0-10_2.13:{spark_version}" in command
     assert f"org.postgresql:postgresql:{postgres_version}" in command
     assert "spark.sql.session.timeZone=UTC" in command
-    # Every Airflow service reaches it through the spark_connect connection (the default id of connect mode);
-    # the commented env var, the override, names the same address.
+    # Every Airflow service reaches it through MICROBATCH_SPARK_REMOTE (it wins over the spark_connect
+    # connection), which carries the server's token (tests/unit/test_compose_security.py).
     for name in AIRFLOW:
-        conn = json.loads(all_services[name]["environment"]["AIRFLOW_CONN_SPARK_CONNECT_DEFAULT"])
-        assert conn["conn_type"] == "spark_connect"
-        assert (conn["host"], conn["port"]) == ("sc://spark-connect", port)
-    commented = re.search(rf"#\s*{SPARK_REMOTE_ENV}:\s*(\S+)", (ROOT / "docker-compose.yaml").read_text())
-    assert commented and host_port(commented.group(1)) == ("spark-connect", port)
+        assert host_port(all_services[name]["environment"][SPARK_REMOTE_ENV]) == ("spark-connect", port)

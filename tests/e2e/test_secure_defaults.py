@@ -1,0 +1,466 @@
+"""Secure by default, on real services (issue 23; docs/running-for-real.md):
+
+- a Spark standalone cluster configured by the compose file's entrypoint (spark.authenticate, RPC encryption,
+  the shared secret) runs a job that has the secret and refuses one that has not;
+- the compose file's Kafka settings, converted as the apache/kafka image converts them, on a real broker: the
+  published SASL listener refuses a client without the password;
+- a Spark Connect server with a token refuses a client without it, accepts the header form the compose file
+  uses, and the stage runs through it exactly once;
+- the local stack as `make airflow` + `make connect` run it (with Airflow as `python -m microbatch.dev.airflow`)
+  runs a scheduled batch while every socket it listens on is on 127.0.0.1, read with psutil; no process's
+  arguments, task log, `microbatch status`/`history` output, ledger page (HTML, JSON) or rendered template
+  holds a secret; and `make down` stops all of it.
+"""
+
+from __future__ import annotations
+
+import base64
+import configparser
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+import uuid
+from pathlib import Path
+
+import psutil
+import pytest
+import yaml
+from sqlalchemy import make_url, text
+
+from microbatch.dev.datagen import generate_lines, produce_lines
+from microbatch.dev.kafka import KafkaBroker, create_topic
+from microbatch.dev.process import free_port, listening_sockets
+from microbatch.dev.spark import SparkConnectServer, SparkStandalone
+from microbatch.ledger.database import transaction
+from microbatch.runtime import cache_dir, spark_home
+from tests.e2e.helpers import assert_exactly_once, run_watching_arguments, write_test_spec
+
+pytestmark = pytest.mark.e2e
+ROOT = Path(__file__).resolve().parents[2]
+SPARK_ENTRYPOINT = ROOT / "include/docker/spark-entrypoint.sh"
+JOB = 'from pyspark.sql import SparkSession\nspark = SparkSession.builder.appName("{name}").getOrCreate()\n' \
+      'print("COUNT", spark.range(1000).repartition(2).count())\nspark.stop()\n'
+
+
+def process_arguments() -> list[str]:
+    """Every process's command line (as /proc shows it to anyone on the machine)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            with contextlib.suppress(OSError):
+                found.append((proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"))
+    return found
+
+
+def leaks(secrets: dict[str, str], texts: dict[str, str]) -> list[str]:
+    """'<secret name> in <where>' for each secret value found in a text."""
+    return [f"{name} in {where}" for name, value in secrets.items() for where, body in texts.items()
+            if value and value in body]
+
+
+def family(pids: list[int]) -> list[int]:
+    """`pids` and all their descendants."""
+    found = set(pids)
+    for pid in pids:
+        with contextlib.suppress(psutil.Error):
+            found.update(child.pid for child in psutil.Process(pid).children(recursive=True))
+    return sorted(found)
+
+
+# --- Spark standalone, configured as the compose file configures it ------------------------------------------
+
+
+class ComposeConfiguredCluster(SparkStandalone):
+    """A local standalone cluster whose spark-defaults.conf is written by include/docker/spark-entrypoint.sh,
+    the entrypoint of the compose file's Spark services: spark.authenticate, RPC encryption, the secret."""
+
+    def _write_conf(self) -> None:
+        subprocess.run(["bash", str(SPARK_ENTRYPOINT), "true"], check=True, env={
+            "PATH": os.environ["PATH"], "SPARK_AUTH_SECRET": self.secret or "", "SPARK_CONF_DIR": str(self.conf_dir)})
+
+
+def test_a_standalone_cluster_with_spark_authenticate_refuses_a_driver_without_the_secret(tmp_path: Path) -> None:
+    cluster = ComposeConfiguredCluster(tmp_path / "spark", workers=1).start()
+    try:
+        assert "spark.network.crypto.enabled true" in (cluster.conf_dir / "spark-defaults.conf").read_text()
+        submit = [str(spark_home() / "bin" / "spark-submit"), "--master", cluster.master_url]
+        env = {k: v for k, v in os.environ.items() if k != "SPARK_CONF_DIR"}
+        env.update(SPARK_LOCAL_IP="127.0.0.1", PYSPARK_PYTHON=sys.executable)
+        (tmp_path / "with_secret.py").write_text(JOB.format(name="with_secret"))
+        (tmp_path / "without_secret.py").write_text(JOB.format(name="without_secret"))
+
+        # With the secret (SPARK_CONF_DIR, never an argument): the job runs; meanwhile no process's arguments
+        # hold the secret, and every socket of the cluster, its executors and the driver is on loopback.
+        with (tmp_path / "with.log").open("w") as out:
+            job = subprocess.Popen([*submit, str(tmp_path / "with_secret.py")], env={**env, **cluster.client_env()},
+                                   stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        seen_arguments, sockets = [], set()
+        deadline = time.monotonic() + 300
+        while job.poll() is None and time.monotonic() < deadline:
+            seen_arguments += [line[:200] for line in process_arguments() if cluster.secret in line]
+            pids = family([p.pid for p in cluster.processes] + [job.pid])
+            sockets.update(listening_sockets(pids))
+            time.sleep(0.5)
+        assert job.wait(10) == 0, (tmp_path / "with.log").read_text()[-3000:]
+        assert "COUNT 1000" in (tmp_path / "with.log").read_text()
+        assert not seen_arguments, seen_arguments
+        assert {s.port for s in sockets} >= {cluster.port, cluster.webui_port}
+        assert all(s.loopback_only for s in sockets), [str(s) for s in sockets if not s.loopback_only]
+
+        # Without it the master does not let the driver register: the application is given up.
+        refused = subprocess.run([*submit, str(tmp_path / "without_secret.py")], env=env, capture_output=True,
+                                 text=True, timeout=240, check=False)
+        output = refused.stdout + refused.stderr
+        assert refused.returncode != 0 and "COUNT" not in output, output[-3000:]
+        assert "All masters are unresponsive" in output, output[-3000:]
+        master_log = "".join(p.read_text(errors="replace") for p in (tmp_path / "spark").glob("master-*.log"))
+        assert "authentication enabled" in master_log and "Expected SaslMessage" in master_log
+        with urllib.request.urlopen(f"http://127.0.0.1:{cluster.webui_port}/json/", timeout=5) as response:
+            status = json.load(response)
+        assert [app["name"] for app in status["completedapps"] + status["activeapps"]] == ["with_secret"]
+    finally:
+        cluster.stop()
+
+
+# --- Kafka, configured as the compose file configures it ------------------------------------------------------
+
+
+def image_properties(environment: dict[str, object]) -> dict[str, str]:
+    """The server.properties the apache/kafka image makes of KAFKA_* variables: strip the prefix, then
+    `___` -> `-`, `__` -> `_`, `_` -> `.`, lower case."""
+    properties = {}
+    for key, value in environment.items():
+        if key.startswith("KAFKA_"):
+            name = key.removeprefix("KAFKA_").replace("___", "-").replace("__", "\0").replace("_", ".")
+            properties[name.replace("\0", "_").lower()] = str(value)
+    return properties
+
+
+class ComposeConfiguredBroker(KafkaBroker):
+    """A local broker with the compose file's Kafka settings; only the host names and ports are this machine's
+    (loopback, free ports), and the data directory a temporary one."""
+
+    def __init__(self, work_dir: Path, environment: dict[str, object]) -> None:
+        super().__init__(work_dir)
+        self.external_port = free_port()
+        ports = {"9092": str(self.port), "9093": str(self.controller_port), "9094": str(self.external_port)}
+        properties = image_properties(environment)
+        for key in ("listeners", "advertised.listeners", "controller.quorum.voters"):
+            value = properties[key].replace("://:", "://127.0.0.1:").replace("kafka:", "127.0.0.1:")
+            value = value.replace("localhost:", "127.0.0.1:")
+            for compose_port, port in ports.items():
+                value = value.replace(f":{compose_port}", f":{port}")
+            properties[key] = value
+        self.properties = {**properties, "log.dirs": str(self.work_dir / "data")}
+
+    def _configure(self) -> Path:
+        self.work_dir.mkdir(parents=True, exist_ok=True)
+        path = self.work_dir / "server.properties"
+        path.write_text("".join(f"{k}={v}\n" for k, v in self.properties.items()))
+        (self.work_dir / "log4j2.properties").write_text(
+            "rootLogger.level = INFO\nrootLogger.appenderRef.file.ref = FILE\nappender.file.type = File\n"
+            f"appender.file.name = FILE\nappender.file.fileName = {self.log_file}\n"
+            "appender.file.layout.type = PatternLayout\nappender.file.layout.pattern = [%d] %p %m (%c)%n\n")
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        self._java("kafka.tools.StorageTool", "format", f"--cluster-id={cluster_id}", "-c", str(path), wait=True)
+        return path
+
+
+def list_topics(port: int, **security: str) -> set[str]:
+    from kafka import KafkaConsumer
+
+    consumer = KafkaConsumer(bootstrap_servers=f"127.0.0.1:{port}", request_timeout_ms=8000, **security)
+    try:
+        return set(consumer.topics())
+    finally:
+        consumer.close()
+
+
+def test_the_compose_kafka_settings_on_a_real_broker_require_sasl_outside(tmp_path: Path) -> None:
+    from kafka.errors import KafkaError
+
+    password = "compose-kafka-" + uuid.uuid4().hex
+    compose = (ROOT / "docker-compose.yaml").read_text()
+    compose = compose.replace("${KAFKA_SASL_PASSWORD:?run include/docker/make-env.sh}", password)
+    compose = compose.replace("${KAFKA_SASL_USERNAME:-microbatch}", "microbatch")
+    compose = compose.replace("${MICROBATCH_KAFKA_EXTERNAL_HOST:-localhost}", "localhost")
+    environment = yaml.safe_load(compose)["services"]["kafka"]["environment"]
+    broker = ComposeConfiguredBroker(tmp_path / "kafka", environment)
+    assert broker.properties["listener.name.external.plain.sasl.jaas.config"].endswith(
+        f'user_microbatch="{password}";')
+    broker.start()
+    try:
+        create_topic(broker.bootstrap_servers, "inside", 1)  # the compose network's PLAINTEXT listener
+        sasl = {"security_protocol": "SASL_PLAINTEXT", "sasl_mechanism": "PLAIN",
+                "sasl_plain_username": "microbatch"}
+        assert "inside" in list_topics(broker.external_port, **sasl, sasl_plain_password=password)
+        with pytest.raises(KafkaError):
+            list_topics(broker.external_port, **sasl, sasl_plain_password="wrong-" + password)
+        with pytest.raises(KafkaError):
+            list_topics(broker.external_port)  # no SASL at all
+        sockets = listening_sockets([broker.pid])
+        assert {s.port for s in sockets} == {broker.port, broker.controller_port, broker.external_port}
+    finally:
+        broker.stop()
+
+
+# --- Spark Connect with a token -------------------------------------------------------------------------------
+
+CONNECT_CLIENT = """
+import os
+from pyspark.sql import SparkSession
+try:
+    spark = SparkSession.builder.remote(os.environ["PROBE_REMOTE"]).create()
+    print("COUNT", spark.range(7).count())
+    spark.stop()
+except Exception as exc:
+    print("REFUSED", str(exc).splitlines()[0][:300])
+    for line in str(exc).splitlines():
+        if "details =" in line:
+            print("DETAILS", line.strip())
+"""
+
+
+def connect_client(remote: str) -> str:
+    """A Spark Connect client in its own process, the remote in its environment (never in its arguments)."""
+    env = {k: v for k, v in os.environ.items() if k != "SPARK_CONNECT_AUTHENTICATE_TOKEN"}
+    result = subprocess.run([sys.executable, "-c", CONNECT_CLIENT], env={**env, "PROBE_REMOTE": remote},
+                            capture_output=True, text=True, timeout=180, check=False)
+    return result.stdout
+
+
+def connect_spec(directory: Path, topic: str, bootstrap: str, max_records: int) -> Path:
+    """The test copy of ip_count in connect mode (only the spark.sql.* settings a session may change)."""
+    write_test_spec(directory, topic, max_records, bootstrap=bootstrap)
+    path = directory / "ip_count.yaml"
+    spec = yaml.safe_load(path.read_text())
+    conf = {key: value for key, value in spec["spark"]["conf"].items() if key.startswith("spark.sql.")}
+    spec["spark"] = {"mode": "connect", "conf": conf}
+    path.write_text(yaml.safe_dump(spec))
+    return directory
+
+
+def test_spark_connect_refuses_a_client_without_its_token_and_the_stage_runs_with_it(
+        service_env, topic, kafka, ledger_url, tmp_path: Path) -> None:
+    token = "connect-" + uuid.uuid4().hex
+    server = SparkConnectServer(tmp_path / "connect", token=token)
+    server.start()
+    try:
+        assert server.remote == f"sc://localhost:{server.port}/;token={token}"
+        assert token not in " ".join(psutil.Process(server.pid).cmdline())
+        assert "No authentication token provided" in connect_client(f"sc://localhost:{server.port}")
+        assert "Invalid authentication token" in connect_client(f"sc://localhost:{server.port}/;token=wrong")
+        assert "COUNT 7" in connect_client(server.remote)
+        # The compose file's form: a plaintext channel to a host other than localhost, the token as a header.
+        assert "COUNT 7" in connect_client(f"sc://127.0.0.1:{server.port}/;authorization=Bearer%20{token}")
+        assert all(s.loopback_only for s in listening_sockets(family([server.pid])))
+
+        # The stage through it: the remote (with its token) reaches the task through the environment only.
+        specs = connect_spec(tmp_path / "pipelines", topic, kafka.bootstrap_servers, max_records=1500)
+        env = {**service_env, "MICROBATCH_PIPELINES_DIR": str(specs), "MICROBATCH_SPARK_REMOTE": server.remote}
+        lines = generate_lines(2_000, ips=20, span_seconds=30, out_of_order=0.1, malformed=0.05, seed=23)
+        coords = produce_lines(kafka.bootstrap_servers, topic, lines)
+        password = make_url(ledger_url).password
+        started = time.time()
+        run = run_watching_arguments(env, [token, password], tmp_path / "run.log", max_runs=3)
+        assert run.returncode == 0, run.log[-4000:]
+        assert not run.leaked, run.leaked
+        assert f"through Spark Connect at sc://localhost:{server.port}" in run.log
+        assert_exactly_once(ledger_url, env, lines, coords, f"{topic}_out")
+        # `microbatch run` prints the task logs (dag.test); any log file written meanwhile is checked too.
+        assert "staged batch 1 through Spark Connect" in run.log and "rows merged into ip_counts" in run.log
+        logs = {str(path): path.read_text(errors="replace")
+                for path in Path(os.environ["AIRFLOW_HOME"]).rglob("*.log") if path.stat().st_mtime >= started}
+        assert not leaks({"token": token, "ledger password": password}, {"the task logs": run.log, **logs})
+    finally:
+        server.stop()
+
+
+# --- the local stack, as `make airflow` + `make connect` run it -----------------------------------------------
+
+# cli.airflow with one change: it execs the loopback Airflow instead of `airflow standalone`, which binds its log
+# servers to every interface (docs/running-for-real.md). Everything else is the command's own code.
+MAKE_AIRFLOW = """
+import os, sys
+from microbatch import cli
+os.execv = lambda path, args: os.execve(sys.executable, [sys.executable, "-m", "microbatch.dev.airflow"], os.environ)
+cli.airflow()
+"""
+
+
+def user_env(cache: Path, api_port: int) -> dict[str, str]:
+    """A user's environment (none of the suite's MICROBATCH_*/AIRFLOW* settings), with this test's own cache and
+    Airflow ports off the defaults, so a developer's stack is never touched."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MICROBATCH_", "AIRFLOW"))}
+    base = f"http://127.0.0.1:{api_port}"
+    return {**env, "MICROBATCH_CACHE_DIR": str(cache), "AIRFLOW__API__PORT": str(api_port),
+            "AIRFLOW__API__BASE_URL": base, "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{base}/execution/",
+            "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(free_port())}
+
+
+def stack_pids(cache: Path, session: int) -> list[int]:
+    """The stack's processes: in the session of its Airflow, or with this test's cache in their environment
+    (Kafka, PostgreSQL and the Connect server run in sessions of their own)."""
+    me = psutil.Process()
+    spared = {me.pid, *(p.pid for p in me.parents())}
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            if proc.pid in spared or proc.status() == psutil.STATUS_ZOMBIE:
+                continue
+            if os.getsid(proc.pid) == session or proc.environ().get("MICROBATCH_CACHE_DIR") == str(cache):
+                found.append(proc.pid)
+        except (psutil.Error, ProcessLookupError):
+            continue
+    return found
+
+
+class Api:
+    def __init__(self, base: str, home: Path) -> None:
+        self.base, self.home, self.token = base, home, ""
+
+    def healthy(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"{self.base}/api/v2/monitor/health", timeout=3) as response:
+                return response.status == 200
+        except (urllib.error.URLError, OSError):
+            return False
+
+    def get(self, path: str, method: str = "GET", body: dict | None = None) -> tuple[int, str]:
+        if not self.token:
+            password = json.loads((self.home / "simple_auth_manager_passwords.json.generated").read_text())["admin"]
+            request = urllib.request.Request(f"{self.base}/auth/token", method="POST",
+                                             headers={"Content-Type": "application/json"},
+                                             data=json.dumps({"username": "admin", "password": password}).encode())
+            with urllib.request.urlopen(request, timeout=20) as response:
+                self.token = json.loads(response.read())["access_token"]
+        request = urllib.request.Request(
+            f"{self.base}{path}", method=method, data=None if body is None else json.dumps(body).encode(),
+            headers={"Authorization": f"Bearer {self.token}", "Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=30) as response:
+                return response.status, response.read().decode()
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read().decode()
+
+
+def test_the_local_stack_listens_on_loopback_only_and_keeps_its_secrets(tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    for name in ("jars", "m2"):
+        (cache / name).symlink_to(cache_dir() / name)
+    api_port = free_port()
+    env = user_env(cache, api_port)
+    home = cache / "airflow"
+    api = Api(f"http://127.0.0.1:{api_port}", home)
+    state_file = cache / "devstack" / "state.json"
+
+    def stack(command: str) -> str:
+        done = subprocess.run([sys.executable, "-m", "microbatch.dev.stack", command], env=env, capture_output=True,
+                              text=True, timeout=300, check=False)
+        assert done.returncode == 0, done.stdout + done.stderr
+        return done.stdout
+
+    def microbatch(*args: str) -> str:
+        done = subprocess.run([sys.executable, "-m", "microbatch.cli", *args], env=env, capture_output=True,
+                              text=True, timeout=300, check=False)
+        assert done.returncode == 0, done.stdout + done.stderr
+        return done.stdout + done.stderr
+
+    airflow = None
+    left: list[int] = []
+    log_path = tmp_path / "make-airflow.log"
+    try:
+        stack("up")
+        connect_output = stack("connect")
+        with log_path.open("w") as log:
+            airflow = subprocess.Popen([sys.executable, "-c", MAKE_AIRFLOW], env=env, stdout=log,
+                                       stderr=subprocess.STDOUT, start_new_session=True)
+
+        def log_tail() -> str:
+            return log_path.read_text(errors="replace")[-4000:]
+
+        deadline = time.monotonic() + 300
+        while not (state_file.exists() and "airflow_pid" in json.loads(state_file.read_text()) and api.healthy()):
+            assert airflow.poll() is None, f"make airflow exited with {airflow.returncode}:\n{log_tail()}"
+            assert time.monotonic() < deadline, f"the Airflow API did not come up\n{log_tail()}"
+            time.sleep(2)
+        state = json.loads(state_file.read_text())
+        stack_env = state["env"]
+        ledger_url = stack_env["MICROBATCH_LEDGER_URL"]
+        cfg = configparser.RawConfigParser()
+        cfg.read(home / "airflow.cfg")
+        secrets = {
+            "the ledger password": make_url(ledger_url).password,
+            "the Connect token": state["connect_token"],
+            "Airflow's JWT secret": cfg.get("api_auth", "jwt_secret"),
+            "Airflow's [api] secret_key": cfg.get("api", "secret_key"),
+        }
+        assert all(secrets.values()) and state["connect_token"] in stack_env["MICROBATCH_SPARK_REMOTE"]
+        assert not leaks(secrets, {"make connect's output": connect_output})
+
+        microbatch("generate", "--count", "1500")
+        deadline = time.monotonic() + 120
+        while api.get("/api/v2/dags/ip_count", "PATCH", {"is_paused": False})[0] != 200:
+            assert time.monotonic() < deadline, f"the ip_count DAG was not parsed\n{log_tail()}"
+            time.sleep(2)
+
+        # While the scheduler plans, stages (spark-submit) and commits: every socket of every process of the
+        # stack, read again and again, and every process's arguments.
+        sockets, in_arguments = set(), []
+        deadline = time.monotonic() + 420
+        while True:
+            sockets.update(listening_sockets(stack_pids(cache, airflow.pid)))
+            in_arguments += leaks(secrets, {line[:120]: line for line in process_arguments()})
+            with transaction(ledger_url) as session:
+                committed = session.execute(text(
+                    "SELECT airflow_run_id FROM batches WHERE state = 'committed' ORDER BY id")).scalars().all()
+            if committed:
+                break
+            assert airflow.poll() is None and time.monotonic() < deadline, f"no batch was committed\n{log_tail()}"
+            time.sleep(1)
+        print("listening sockets of the stack:", *sorted(str(s) for s in sockets), sep="\n  ")
+        exposed = [str(s) for s in sockets if not s.loopback_only]
+        assert not exposed, "listening beyond loopback:\n" + "\n".join(exposed)
+        ports = {s.port for s in sockets}
+        expected = {api_port, state["kafka_port"], state["controller_port"], state["postgres_port"],
+                    state["connect_port"], int(env["AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT"])}
+        assert ports >= expected, (expected - ports, sorted(str(s) for s in sockets))
+        assert not in_arguments, in_arguments
+
+        # What a user sees and what Airflow keeps: CLI output, task logs, the ledger page, rendered templates.
+        run_id = committed[0]
+        texts = {"microbatch status": microbatch("status", "ip_count"),
+                 "microbatch history": microbatch("history", "ip_count"),
+                 "microbatch status --json": microbatch("status", "ip_count", "--json")}
+        task_logs = list((home / "logs").rglob("*.log"))
+        assert any("task_id=stage" in str(path) for path in task_logs), task_logs
+        texts.update({str(path): path.read_text(errors="replace") for path in task_logs})
+        for path in ("/microbatch/ledger", "/microbatch/api/ledger"):
+            code, body = api.get(path)
+            assert code == 200 and "ip_count" in body, (path, code, body[:500])
+            texts[path] = body
+        for task in ("plan", "stage", "commit"):
+            code, body = api.get(f"/api/v2/dags/ip_count/dagRuns/{urllib.parse.quote(run_id)}/taskInstances/{task}")
+            assert code == 200 and "rendered_fields" in body, (task, code, body[:500])
+            texts[f"the rendered fields of {task}"] = json.dumps(json.loads(body)["rendered_fields"])
+        assert not leaks(secrets, texts)
+    finally:
+        down = subprocess.run([sys.executable, "-m", "microbatch.dev.stack", "down"], env=env, capture_output=True,
+                              text=True, timeout=300, check=False)
+        if airflow is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                airflow.wait(30)
+            left = stack_pids(cache, airflow.pid)
+            for pid in left:  # whatever `down` missed, so that a failure here never leaves a stack behind
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+    assert down.returncode == 0, down.stdout + down.stderr
+    assert not left, f"`make down` left processes of the stack: {left}"
