@@ -47,7 +47,7 @@ airflow: jars
 	$(PY) -m microbatch.cli airflow
 
 # A detached Spark Connect server for pipelines in `spark.mode: connect` (reused while it lives; `make down`
-# stops it); prints the `export MICROBATCH_SPARK_REMOTE=...` line.
+# stops it); the server requires a token, which `.cache/devstack/env.sh` exports in MICROBATCH_SPARK_REMOTE.
 connect: jars
 	$(PY) -m microbatch.dev.stack connect
 
