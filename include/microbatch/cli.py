@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
@@ -27,6 +27,9 @@ from microbatch import settings
 from microbatch.dev import localenv
 from microbatch.errors import MicrobatchError, SpecError
 from microbatch.runtime import cache_dir
+
+if TYPE_CHECKING:
+    from microbatch.config import DeltaSink
 
 app = typer.Typer(help="Exactly-once Kafka micro-batches: ledger, data and local stack.", no_args_is_help=True,
                   pretty_exceptions_enable=False)
@@ -463,22 +466,26 @@ def verify(pipeline: str, as_json: JsonFlag = False) -> None:
 @app.command()
 def show(
     pipeline: str,
-    sink: Annotated[str | None, typer.Argument(help="A Postgres sink of the pipeline; its first one when omitted.")]
+    sink: Annotated[str | None, typer.Argument(help="A table sink of the pipeline; its first one when omitted.")]
     = None,
     limit: Annotated[int, typer.Option(min=1, help="Rows to print.")] = 15,
+    count_by: Annotated[str | None, typer.Option(help="Delta sinks: rows per value of this column instead.")] = None,
 ) -> None:
-    """A Postgres sink's table: its first rows (the largest sums of an aggregate, the newest rows of a row sink),
-    its row count and totals, and the pipeline's dead letters and late records."""
-    from microbatch.config import PostgresAggregateSink, find_spec
+    """A sink's table: its first rows (the largest sums of an aggregate, the newest rows of a row sink or a Delta
+    table), its row count and totals, and the pipeline's dead letters and late records."""
+    from microbatch.config import DeltaSink, PostgresAggregateSink, find_spec
     from microbatch.ledger import queries
     from microbatch.ledger.database import transaction
 
     spec = find_spec(pipeline)
-    tables = [s for s in spec.sinks if hasattr(s, "table")]
+    tables = [s for s in spec.sinks if hasattr(s, "table") or isinstance(s, DeltaSink)]
     chosen = next((s for s in tables if s.name == sink), None) if sink else (tables[0] if tables else None)
     if chosen is None:
-        raise SpecError(f"Pipeline '{pipeline}' has no Postgres sink '{sink}'.",
+        raise SpecError(f"Pipeline '{pipeline}' has no table sink '{sink}'.",
                         fix=f"Use one of: {', '.join(s.name for s in tables) or 'none'}.")
+    if isinstance(chosen, DeltaSink):
+        _show_delta(chosen, limit, count_by)
+        return
     if isinstance(chosen, PostgresAggregateSink):
         sums, order = list(chosen.sum_columns), [f"{chosen.sum_columns[0]} DESC", *chosen.keys]
     else:
@@ -488,6 +495,23 @@ def show(
     totals = "".join(f", sum of {column} {value}" for column, value in view.sums.items())
     table = Table(title=f"{chosen.name} ({chosen.type}): {view.total_rows} rows{totals}; {view.dead_letters} dead "
                         f"letters, {view.late_records} late records")
+    for column in view.columns:
+        table.add_column(column)
+    for row in view.rows:
+        table.add_row(*(value.isoformat(sep=" ") if hasattr(value, "isoformat") else str(value) for value in row))
+    console.print(table)
+
+
+def _show_delta(sink: DeltaSink, limit: int, count_by: str | None) -> None:
+    from microbatch.sinks import delta
+
+    if count_by is not None and count_by not in sink.columns:
+        raise SpecError(f"Sink '{sink.name}' has no column '{count_by}'.",
+                        fix=f"Use one of: {', '.join(sink.columns)}.")
+    view = delta.table_view(sink, limit, count_by)
+    query = f"rows per {count_by}" if count_by else "newest rows"
+    table = Table(title=f"{sink.name} (delta, read by delta-rs): {view.total_rows} rows in version {view.version} "
+                        f"of {view.location}, {view.files} files; {query}")
     for column in view.columns:
         table.add_column(column)
     for row in view.rows:
@@ -591,6 +615,7 @@ def demo(count: int = 10_000) -> None:
         raise typer.Exit(1)
     for sink in ("clicks_raw", "page_views", "user_last_page"):
         show("clicks", sink, limit=5)
+    show("clicks", "clicks_lake", limit=5, count_by="page")  # a query of the Delta table, without Spark
     console.print(f"demo done in {time.monotonic() - started:.0f}s. The services keep running: try "
                   "`.venv/bin/microbatch status`, then stop them with `make down`.")
 

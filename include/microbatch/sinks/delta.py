@@ -487,3 +487,39 @@ def holding_version(session: Session, pipeline_id: int, batch_id: int) -> dict[s
     rows = session.execute(text("SELECT sink, location, table_version FROM lake_commits WHERE pipeline_id = :p "
                                 "AND batch_id = :b"), {"p": pipeline_id, "b": batch_id}).all()
     return {sink: (loc, version) for sink, loc, version in rows}
+
+
+@dataclass(frozen=True)
+class TableView:
+    """What `microbatch show` prints of a Delta table, read by delta-rs."""
+
+    location: str
+    version: int
+    files: int
+    total_rows: int
+    columns: list[str]
+    rows: list[tuple[Any, ...]]
+
+
+def table_view(sink: DeltaSink, limit: int, group_by: str | None = None) -> TableView:
+    """The newest rows of the table (by source coordinates), or with `group_by` the row count per value of that
+    column, largest first: a query of the table by delta-rs and Arrow, no Spark."""
+    import pyarrow.compute as pc
+    from deltalake import DeltaTable
+
+    loc = location(sink)
+    table = DeltaTable(loc)
+    data = table.to_pyarrow_table()
+    if group_by is not None:
+        counted = data.group_by(group_by).aggregate([(group_by, "count")]).sort_by(
+            [(f"{group_by}_count", "descending"), (group_by, "ascending")])
+        columns = [group_by, "rows"]
+        rows = list(zip(counted[group_by].to_pylist()[:limit], counted[f"{group_by}_count"].to_pylist()[:limit],
+                        strict=True))
+    else:
+        order = pc.sort_indices(data, sort_keys=[("topic", "ascending"), ("partition", "ascending"),
+                                                 ("offset", "descending")])
+        newest = data.take(order[:limit])
+        columns = [c for c in newest.column_names if c not in {gen for gen, t, _ in sink.partition_columns if t}]
+        rows = [tuple(r[c] for c in columns) for r in newest.to_pylist()]
+    return TableView(loc, table.version(), len(table.file_uris()), data.num_rows, columns, rows)
