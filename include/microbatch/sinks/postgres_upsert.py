@@ -18,6 +18,7 @@ from sqlalchemy import text
 from sqlalchemy.orm import Session
 
 from microbatch.config import SOURCE_COORDINATES, PostgresUpsertSink
+from microbatch.errors import SpecError
 from microbatch.sinks.base import CommitContext, Sink, Staging, quote, sql_type, staging_columns
 from microbatch.sinks.postgres_append import coordinate_columns
 
@@ -143,6 +144,23 @@ class PostgresUpsert(Sink):
             sa.Index(f"ix_{spec.staging_table}_batch", "batch_id", "attempt"),
         )
         return [table, versions, staging]
+
+    def check_staged(self, session: Session, ctx: CommitContext, recorded: int) -> None:
+        """Also refuse a batch with a row whose key is null: no row can hold it, and a retry cannot help."""
+        super().check_staged(session, ctx, recorded)
+        null_key = " OR ".join(f"{quote(k)} IS NULL" for k in self.spec.keys)
+        first = session.execute(text(
+            f"SELECT topic, partition, \"offset\", count(*) OVER () FROM {quote(self.spec.staging_table)} "
+            f"WHERE batch_id = :batch_id AND attempt = :attempt AND ({null_key}) "
+            "ORDER BY topic, partition, \"offset\" LIMIT 1"), ctx.staged).one_or_none()
+        if first is not None:
+            topic, partition, offset, count = first
+            raise SpecError(
+                f"sink '{self.name}': {count} record(s) of batch {ctx.batch_id} have a null key "
+                f"({', '.join(self.spec.keys)}), the first at {topic}[{partition}] offset {offset}; nothing was "
+                "committed.",
+                fix="Make the transform's parse() send such records to the dead letters (set its error column), "
+                    "then run the pipeline again.")
 
     def retract(self, session: Session, ctx: CommitContext) -> int:
         touched = 0
