@@ -317,6 +317,14 @@ def _check_columns(columns: dict[str, str]) -> dict[str, str]:
     return columns
 
 
+def _check_row_columns(columns: dict[str, str]) -> dict[str, str]:
+    """The columns of a sink whose rows carry their source coordinates: it may not declare those itself."""
+    reserved = sorted(set(columns) & set(SOURCE_COORDINATES))
+    if reserved:
+        raise ValueError(f"declares {', '.join(reserved)}, which the platform adds itself; remove or rename it")
+    return _check_columns(columns)
+
+
 class PostgresAggregateSink(_Strict):
     """A Postgres table whose numeric columns are summed on conflict of its key columns."""
 
@@ -392,10 +400,7 @@ class _RowSink(_Strict):
     @field_validator("columns")
     @classmethod
     def _column_names(cls, columns: dict[str, str]) -> dict[str, str]:
-        reserved = sorted(set(columns) & set(SOURCE_COORDINATES))
-        if reserved:
-            raise ValueError(f"declares {', '.join(reserved)}, which the platform adds itself; remove or rename it")
-        return _check_columns(columns)
+        return _check_row_columns(columns)
 
     @property
     def staging_table(self) -> str:
@@ -507,10 +512,7 @@ class DeltaSink(_Strict):
     @field_validator("columns")
     @classmethod
     def _column_names(cls, columns: dict[str, str]) -> dict[str, str]:
-        reserved = sorted(set(columns) & set(SOURCE_COORDINATES))
-        if reserved:
-            raise ValueError(f"declares {', '.join(reserved)}, which the platform adds itself; remove or rename it")
-        return _check_columns(columns)
+        return _check_row_columns(columns)
 
     @model_validator(mode="after")
     def _fits_the_mode(self) -> DeltaSink:
