@@ -635,9 +635,10 @@ def airflow() -> None:
     _create_output_topics("ip_count")
     port = os.environ.get("AIRFLOW__API__PORT", "8080")
     console.print(f"Airflow UI on http://127.0.0.1:{port} (AIRFLOW_HOME={os.environ['AIRFLOW_HOME']})")
-    airflow_bin = os.path.join(os.path.dirname(sys.executable), "airflow")
     devstack.record_airflow()  # exec keeps this pid: `make down` stops the standalone and all it starts
-    os.execv(airflow_bin, [airflow_bin, "standalone"])
+    # Airflow's own components as `airflow standalone` runs them, but every socket on 127.0.0.1 (standalone binds
+    # its log servers to every interface): microbatch.dev.airflow, see docs/running-for-real.md.
+    os.execv(sys.executable, [sys.executable, "-m", "microbatch.dev.airflow"])
 
 
 def main() -> None:

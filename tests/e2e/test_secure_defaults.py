@@ -285,12 +285,9 @@ def test_spark_connect_refuses_a_client_without_its_token_and_the_stage_runs_wit
 
 # --- the local stack, as `make airflow` + `make connect` run it -----------------------------------------------
 
-# cli.airflow with one change: it execs the loopback Airflow instead of `airflow standalone`, which binds its log
-# servers to every interface (docs/running-for-real.md). Everything else is the command's own code.
+# `make airflow` is `python -m microbatch.cli airflow`: the command's own code, which execs the loopback Airflow.
 MAKE_AIRFLOW = """
-import os, sys
 from microbatch import cli
-os.execv = lambda path, args: os.execve(sys.executable, [sys.executable, "-m", "microbatch.dev.airflow"], os.environ)
 cli.airflow()
 """
 
