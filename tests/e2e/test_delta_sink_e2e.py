@@ -70,6 +70,12 @@ def dag_folder(tmp_path: Path, *pipelines: str) -> dict[str, str]:
     return {"AIRFLOW__CORE__DAGS_FOLDER": str(dags), "AIRFLOW_HOME": str(tmp_path / "airflow")}
 
 
+def cli_long(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    """`microbatch ARGS...` for commands that run Spark (backfill, maintain): minutes on a loaded machine."""
+    return subprocess.run([sys.executable, "-m", "microbatch.cli", *args], env={**os.environ, **env},
+                          capture_output=True, text=True, timeout=900, check=False)
+
+
 def run(env: dict[str, str], pipeline: str, extra: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "microbatch.cli", "run", pipeline, "--max-runs", "12"],
                           env={**os.environ, **env, **(extra or {})}, capture_output=True, text=True, timeout=900,
@@ -276,7 +282,7 @@ def test_delta_replay_replaces_a_range_in_one_commit(service_env, topic, kafka, 
     path = warehouse / "landing_clicks"
     DeltaTable(str(path)).delete(f'"partition" = 0 AND "offset" >= {s1} AND "offset" < {e2 - 1}')
     before = DeltaTable(str(path)).version()
-    replay = cli(env, "backfill", "landing", "--topic", topic, "--mode", "replay", "--partitions", "0",
+    replay = cli_long(env, "backfill", "landing", "--topic", topic, "--mode", "replay", "--partitions", "0",
                  "--start", str(s1), "--end", str(e2))
     assert replay.returncode == 0, (replay.stdout + replay.stderr)[-4000:]
     table = DeltaTable(str(path))
@@ -295,7 +301,7 @@ def test_delta_replay_replaces_a_range_in_one_commit(service_env, topic, kafka, 
     # The maintenance DAG compacts the small files into fewer; the rows, the history's batches and verify stay.
     files_before = len(DeltaTable(str(path)).file_uris())
     assert files_before >= 20, files_before
-    maintained = cli(env, "maintain", "landing")
+    maintained = cli_long(env, "maintain", "landing")
     assert maintained.returncode == 0, (maintained.stdout + maintained.stderr)[-4000:]
     assert len(DeltaTable(str(path)).file_uris()) < files_before
     assert lake_rows(path) == {(p, o): (u, page, ts) for p, o, u, page, ts, _ in valid}
@@ -304,7 +310,6 @@ def test_delta_replay_replaces_a_range_in_one_commit(service_env, topic, kafka, 
     assert verified.returncode == 0, verified.stdout + verified.stderr
 
     # A replay of a pipeline with a delta upsert table is refused before anything opens.
-    assert run(env, "lake").returncode == 0
     refused = cli(env, "backfill", "lake", "--topic", topic, "--mode", "replay", "--partitions", "0",
                   "--start", str(s1), "--end", str(e2))
     assert refused.returncode != 0
