@@ -493,11 +493,15 @@ def show(
     with transaction(_ledger_url()) as session:
         view = queries.sink_view(session, _pipeline_id(session, pipeline), chosen.table, order, sums, limit)
     totals = "".join(f", sum of {column} {value}" for column, value in view.sums.items())
-    table = Table(title=f"{chosen.name} ({chosen.type}): {view.total_rows} rows{totals}; {view.dead_letters} dead "
-                        f"letters, {view.late_records} late records")
-    for column in view.columns:
+    _print_rows(f"{chosen.name} ({chosen.type}): {view.total_rows} rows{totals}; {view.dead_letters} dead "
+                f"letters, {view.late_records} late records", view.columns, view.rows)
+
+
+def _print_rows(title: str, columns: list[str], rows: list[tuple]) -> None:
+    table = Table(title=title)
+    for column in columns:
         table.add_column(column)
-    for row in view.rows:
+    for row in rows:
         table.add_row(*(value.isoformat(sep=" ") if hasattr(value, "isoformat") else str(value) for value in row))
     console.print(table)
 
@@ -510,13 +514,8 @@ def _show_delta(sink: DeltaSink, limit: int, count_by: str | None) -> None:
                         fix=f"Use one of: {', '.join(sink.columns)}.")
     view = delta.table_view(sink, limit, count_by)
     query = f"rows per {count_by}" if count_by else "newest rows"
-    table = Table(title=f"{sink.name} (delta, read by delta-rs): {view.total_rows} rows in version {view.version} "
-                        f"of {view.location}, {view.files} files; {query}")
-    for column in view.columns:
-        table.add_column(column)
-    for row in view.rows:
-        table.add_row(*(value.isoformat(sep=" ") if hasattr(value, "isoformat") else str(value) for value in row))
-    console.print(table)
+    _print_rows(f"{sink.name} (delta, read by delta-rs): {view.total_rows} rows in version {view.version} of "
+                f"{view.location}, {view.files} files; {query}", view.columns, view.rows)
 
 
 @app.command()
