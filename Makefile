@@ -56,6 +56,8 @@ down: $(STAMP)
 
 bench: jars
 	$(PY) bench/throughput.py
+bench-delta: jars
+	$(PY) bench/delta_sink.py
 
 # The full chaos harness (100,000 lines, every fault 3 times by SIGKILL and by SIGTERM) and the
 # randomized soak (SEED=... replays one); both print a table and take tens of minutes.
