@@ -384,14 +384,14 @@ def differences(sink: DeltaSink, table: Any) -> tuple[list[Any], str | None]:
             found = getattr(have[name].type, "type", have[name].type)
             return [], (f"Delta table {loc} column {name} is {found} but the spec says {type_}; change the spec back, "
                         "or write to a new table (a new path) and backfill it")
-    dropped = [name for name in have if name not in {n for n, _, _ in want}]
-    if dropped:
-        return [], (f"Delta table {loc} has the column {dropped[0]}, which the spec no longer declares; declare it "
-                    "again (a dropped column is not applied)")
     partitions = [c for c, _, _ in sink.partition_columns]
     if list(table.metadata().partition_columns) != partitions:
         return [], (f"Delta table {loc} is partitioned by {list(table.metadata().partition_columns) or 'nothing'} "
                     f"but the spec says {partitions or 'nothing'}; change partition_by back, or write to a new path")
+    dropped = [name for name in have if name not in {n for n, _, _ in want}]
+    if dropped:
+        return [], (f"Delta table {loc} has the column {dropped[0]}, which the spec no longer declares; declare it "
+                    "again (a dropped column is not applied)")
     added = [Field(n, PrimitiveType(t), nullable=True) for n, t, expr in want if n not in have and expr is None]
     new_generated = [n for n, _, expr in want if n not in have and expr is not None]
     if new_generated:
