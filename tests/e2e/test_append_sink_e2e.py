@@ -32,6 +32,7 @@ from tests.e2e.helpers import (
     cli,
     committed_batches,
     dead_letter_coordinates,
+    expected_positions,
     late_coordinates,
     positions,
     read_output,
@@ -167,10 +168,7 @@ def check_exactly_once(url: str, env: dict[str, str], clicks: list[Click], coord
     assert expected.late <= set(valid), "late clicks land in the append sink too (include_late)"
     assert page_views(url) == dict(expected.counts)
     assert dead_letter_coordinates(url) == sorted(co for co, c in zip(coords, clicks, strict=True) if c.malformed)
-    ends: dict[int, int] = {}
-    for partition, offset in coords:
-        ends[partition] = max(ends.get(partition, 0), offset + 1)
-    assert positions(url) == ends
+    assert positions(url) == expected_positions(coords)
     audit = cli(env, "verify", PIPELINE)
     assert audit.returncode == 0, audit.stdout + audit.stderr
     with transaction(url) as session:

@@ -14,7 +14,7 @@ from sqlalchemy import make_url, text
 
 from microbatch.dev.datagen import generate_lines, produce_lines
 from microbatch.ledger.database import transaction
-from tests.e2e.helpers import assert_exactly_once, cli, run_pipeline, write_test_spec
+from tests.e2e.helpers import assert_exactly_once, cli, expected_positions, run_pipeline, write_test_spec
 
 pytestmark = pytest.mark.e2e
 
@@ -64,7 +64,7 @@ def test_ip_count_end_to_end_then_only_new_offsets(pipeline_env, topic, kafka, l
 
     # The operator CLI, against the ledger of this real run.
     status = json.loads(cli(pipeline_env, "status", "ip_count", "--json").stdout)["ip_count"]
-    assert {row["partition"]: row["position"] for row in status} == {p: e for p, e in _ends(coords + more_coords)}
+    assert {row["partition"]: row["position"] for row in status} == expected_positions(coords + more_coords)
     assert all(row["lag"] == 0 for row in status)
     history = json.loads(cli(pipeline_env, "history", "ip_count", "--json").stdout)
     assert [b["state"] for b in history] == ["committed"] * len(history)
@@ -83,9 +83,3 @@ def test_ip_count_end_to_end_then_only_new_offsets(pipeline_env, topic, kafka, l
     assert broken.returncode == 1
     assert "are in no committed range and no gap" in broken.stdout
 
-
-def _ends(coords):
-    ends = {}
-    for partition, offset in coords:
-        ends[partition] = max(ends.get(partition, 0), offset + 1)
-    return sorted(ends.items())

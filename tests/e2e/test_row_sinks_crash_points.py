@@ -37,6 +37,7 @@ from tests.e2e.helpers import (
     committed_batches,
     dead_letter_coordinates,
     expected_clicks_raw,
+    expected_positions,
     expected_user_last_page,
     late_coordinates,
     page_views_table,
@@ -140,10 +141,7 @@ def test_row_sinks_exactly_once_through_every_crash_point(mode, service_env, top
     # Dead letters, positions, the ledger audit.
     assert dead_letter_coordinates(ledger_url) == sorted(co for co, c in zip(coords, clicks, strict=True)
                                                          if c.malformed)
-    ends: dict[int, int] = {}
-    for partition, offset in coords:
-        ends[partition] = max(ends.get(partition, 0), offset + 1)
-    assert positions(ledger_url) == ends
+    assert positions(ledger_url) == expected_positions(coords)
     audit = cli(env, "verify", PIPELINE)
     assert audit.returncode == 0, audit.stdout + audit.stderr
     # The topic, as a read_committed reader sees it: each clicks_raw row once, in gap-free sequence.
