@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from microbatch.config import PIPELINES_DIR, load_spec, spec_paths
+from microbatch.config import PIPELINES_DIR, decode_spec, encode_spec, load_spec, spec_paths
 from microbatch.errors import SpecError
 
 
@@ -50,6 +50,7 @@ def test_ip_count_spec_values():
         (lambda d: d["sinks"][0].update(table="Drop Table"), "field 'sinks.0.table'"),
         (lambda d: d.update(schedule="every now and then"), "field 'schedule' must be a cron expression"),
         (lambda d: d["retries"].update(count=-1), "field 'retries.count'"),
+        (lambda d: d["sinks"][0].update(type="nosuch"), "field 'sinks.0' Input tag 'nosuch' found using 'type'"),
     ],
 )
 def test_bad_specs_name_file_and_field(tmp_path, mutate, message):
@@ -115,3 +116,27 @@ def test_unknown_spark_mode_names_the_field(tmp_path):
     data["spark"]["mode"] = "kubernetes"
     with pytest.raises(SpecError, match=r"demo.yaml: field 'spark.mode' Input should be 'submit' or 'connect'"):
         load_spec(write(tmp_path, data))
+
+
+@pytest.mark.parametrize("path", spec_paths(PIPELINES_DIR), ids=lambda p: p.stem)
+def test_every_shipped_spec_travels_to_the_stage_driver_unchanged(path):
+    # The stage driver gets its spec from --spec, not from a spec file it may not have (issue 16).
+    spec = load_spec(path)
+    token = encode_spec(spec)
+    assert token.isascii() and not set(token) & set(" \t\n'\"$;&|")
+    assert decode_spec(token) == spec
+
+
+def test_a_stage_given_a_broken_spec_token_says_so_in_one_sentence():
+    with pytest.raises(SpecError, match="--spec argument is not an encoded pipeline spec"):
+        decode_spec("bm90IGEgc3BlYw==")
+
+
+def test_a_key_column_missing_from_the_columns_is_refused_by_name(tmp_path):
+    data = yaml.safe_load((PIPELINES_DIR / "clicks.yaml").read_text()) | {"name": "demo"}
+    index, sink = next((i, s) for i, s in enumerate(data["sinks"]) if s["type"] == "postgres_upsert")
+    sink["keys"] = ["nosuch"]
+    with pytest.raises(SpecError) as error:
+        load_spec(write(tmp_path, data))
+    assert f"field 'sinks.{index}' keys: nosuch is not among the columns; declare it in columns" in str(error.value)
+    assert "\n" not in str(error.value)

@@ -26,6 +26,7 @@ from microbatch.ledger.database import unreachable
 from microbatch.runtime import PROJECT_ROOT, RUN_BATCH, library_zip, spark_jars
 from microbatch.settings import LEDGER_URL_ENV, KafkaSettings
 from microbatch.sinks import delta
+from microbatch.sinks.registry import spark_session_conf
 
 log = logging.getLogger("microbatch")
 PLAN_BATCH_IDS = "{{ ti.xcom_pull(task_ids='plan') }}"  # one id, or several joined by commas (a backfill)
@@ -91,7 +92,7 @@ def submit_conf(spec: PipelineSpec) -> dict[str, str]:
         "spark.driver.extraJavaOptions": "-Duser.timezone=UTC",
         "spark.executor.extraJavaOptions": "-Duser.timezone=UTC",
         "spark.ui.showConsoleProgress": "false",
-        **(delta.SPARK_SESSION_CONF if spec.lake_sinks else {}),
+        **spark_session_conf(spec),
         **spec.spark.conf,
     }
 

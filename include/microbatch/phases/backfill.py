@@ -40,6 +40,7 @@ from microbatch.ledger.database import transaction
 from microbatch.ledger.models import BatchKind, Pipeline
 from microbatch.phases.plan import check_pipeline
 from microbatch.planning import FillPlan, ReplayPlan, layers, open_overlaps, plan_fill, plan_replay
+from microbatch.sinks.registry import sinks_of
 from microbatch.types import CommittedRange, OffsetRange, Plan, TopicPartition
 
 log = logging.getLogger(__name__)
@@ -221,19 +222,10 @@ def _refuse_open_overlaps(
         )
 
 
-def _refuse_lake_upserts(spec: PipelineSpec) -> None:
-    """A lakehouse upsert table keeps each key's winner only, not the history a replay recomputes it from."""
-    for sink in spec.lake_sinks:
-        if sink.mode == "upsert":
-            raise SpecError(
-                f"Backfill mode 'replay': sink '{sink.name}' is a delta upsert table, which keeps only each key's "
-                "last value and not the history a replay needs.",
-                fix="Replay into a pipeline without it, or use a postgres_upsert sink, which keeps the history.")
-
-
 def _plan_replay(session: Session, spec: PipelineSpec, pipeline: Pipeline, params: BackfillParams,
                  requests: list[OffsetRange], airflow_run_id: str | None) -> BackfillOutcome:
-    _refuse_lake_upserts(spec)
+    for sink in sinks_of(spec).values():
+        sink.check_replay()
     replay = plan_replay(requests, repo.committed_range_rows(session, pipeline.id))
     if replay.never_committed:
         first = replay.never_committed[0]

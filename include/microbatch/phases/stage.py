@@ -33,7 +33,6 @@ from microbatch.ledger.models import BatchState
 from microbatch.phases.reporting import log_stage_summary
 from microbatch.phases.results import StageResult
 from microbatch.planning import data_loss_at_read, lost_ranges
-from microbatch.sinks import delta
 from microbatch.sinks.base import Sink
 from microbatch.sinks.registry import sinks_of
 from microbatch.spark_remote import is_unavailable
@@ -313,7 +312,7 @@ def _stage_outputs(
         assert sink.staging is not None
         if sink.writes_in_stage:
             rows = _sink_rows(spec, sink, outputs[sink.name]).select(*sink.staging.columns)
-            rows_by_sink[sink.name] = _write_lake(spec, sink, rows, current, ledger_url)
+            rows_by_sink[sink.name] = _write_in_stage(spec, sink, rows, current, ledger_url)
             continue
         out = _sink_rows(spec, sink, outputs[sink.name]).select(*tag, *sink.staging.columns)
         counted = Observation(f"batch_{current.batch_id}_{current.attempt}_{sink.name}")
@@ -328,9 +327,9 @@ def _stage_outputs(
     return values, rows_by_sink, read_seconds
 
 
-def _write_lake(spec: PipelineSpec, sink: Sink, rows: DataFrame, current: _Attempt, ledger_url: str) -> int:
-    """Write the batch into a lakehouse table as one idempotent table commit (sinks/delta.py), unless this
-    attempt is no longer the batch's current one, and record in the ledger which version holds it."""
+def _write_in_stage(spec: PipelineSpec, sink: Sink, rows: DataFrame, current: _Attempt, ledger_url: str) -> int:
+    """Let a lakehouse sink write the batch into its table as one idempotent table commit, unless this attempt is
+    no longer the batch's current one, and record in the ledger which version holds it."""
     with transaction(ledger_url) as session:
         batch = repo.get_batch(session, current.batch_id)
         if batch.attempt != current.attempt or batch.state != BatchState.PLANNED.value:
@@ -339,17 +338,17 @@ def _write_lake(spec: PipelineSpec, sink: Sink, rows: DataFrame, current: _Attem
                 f"is a zombie and does not write {sink.name}.",
                 fix="Let the newer attempt finish; this run wrote nothing to the table.")
         pipeline_id = batch.pipeline_id
-        owner = delta.Owner(spec.name, repo.pipeline_uid(session, pipeline_id), sink.name)
+        uid = repo.pipeline_uid(session, pipeline_id)
     failpoints.hit("stage.before_lake_commit")
     started = time.monotonic()
-    found, wrote = delta.write_batch(rows, sink.spec, owner, current.batch_id, current.attempt, current.ranges)
-    log.info("  %s: %s %s rows as version %s of %s (%.1fs)", sink.name, "wrote" if wrote else "found (written "
-             f"by attempt {found.attempt})", found.rows, found.version, delta.location(sink.spec),
-             time.monotonic() - started)
+    written = sink.write_in_stage(rows, spec.name, uid, current.batch_id, current.attempt, current.ranges)
+    log.info("  %s: %s %s rows as version %s of %s (%.1fs)", sink.name,
+             "wrote" if written.wrote else f"found (written by attempt {written.attempt})", written.rows,
+             written.version, written.location, time.monotonic() - started)
     failpoints.hit("stage.after_lake_commit")
     with transaction(ledger_url) as session:
-        delta.record_version(session, pipeline_id, sink.spec, current.batch_id, current.attempt, found)
-    return found.rows
+        sink.record_stage_write(session, pipeline_id, current.batch_id, current.attempt, written)
+    return written.rows
 
 
 def takes_late_records(sink: Sink) -> bool:

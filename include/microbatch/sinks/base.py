@@ -4,6 +4,9 @@ A sink type is a subclass of `Sink` that overrides only what it does:
 
 - **stage** (Spark, before the commit): `staging` names the table the stage writes the job's output for this
   sink to, tagged (batch_id, attempt), and the columns it takes from that output. `None`: nothing is staged.
+  A lakehouse sink (`writes_in_stage`) writes its table itself in `write_in_stage`, as one idempotent table
+  commit, and the stage keeps what it found or wrote in the ledger through `record_stage_write`.
+- **backfill**: `check_replay` refuses a replay the sink cannot take, before anything is written.
 - **commit** (one Postgres transaction, the caller's session; a sink never commits): in this order, for each
   sink of the pipeline in spec order, `check_staged`, then `retract` (replay batches only), then `merge`; later
   `write_outbox`; last `clear_staging`.
@@ -17,10 +20,10 @@ Every method takes the caller's session and runs set-based SQL inside Postgres; 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import sqlalchemy as sa
 from sqlalchemy import text
@@ -30,6 +33,10 @@ from sqlalchemy.types import TypeEngine
 
 from microbatch.config import SinkSpec
 from microbatch.errors import MicrobatchError
+from microbatch.types import OffsetRange
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
 
 
 def quote(identifier: str) -> str:
@@ -94,6 +101,18 @@ class Staging:
 
 
 @dataclass(frozen=True)
+class TableWrite:
+    """What a sink that writes its table in the stage found there or wrote: the version that holds the batch."""
+
+    location: str
+    version: int
+    rows: int
+    attempt: int
+    """The attempt that wrote the version (an earlier one when this attempt found the batch already there)."""
+    wrote: bool
+
+
+@dataclass(frozen=True)
 class CommitContext:
     """The batch being committed, as every sink sees it inside the commit's transaction."""
 
@@ -139,6 +158,8 @@ class Sink:
     type: ClassVar[str]
     """The spec's `type` that selects this class."""
     staging: Staging | None = None
+    spark_session_conf: ClassVar[Mapping[str, str]] = {}
+    """Static settings that a Spark session staging this sink needs (a session extension, a catalog)."""
     writes_in_stage = False
     """A lakehouse sink: the stage writes its table itself (one idempotent table commit per batch), instead of
     a Postgres staging table; `staging` then names only the columns it takes."""
@@ -155,6 +176,21 @@ class Sink:
         staging table `stage_<table>` (`batch_id`, `attempt`, the staged columns, an index on both) and any side
         table. `microbatch migrate` creates what is missing; the plan refuses a batch while they differ."""
         return []
+
+    def write_in_stage(self, rows: DataFrame, pipeline: str, pipeline_uid: str, batch_id: int, attempt: int,
+                       ranges: Sequence[OffsetRange]) -> TableWrite:
+        """`writes_in_stage` sinks only: write the batch's `rows` into the table as one idempotent commit that
+        names the batch, unless the table already holds the batch; return the version that holds it."""
+        raise NotImplementedError(f"sink type {self.type} stages through Postgres, not in the stage")
+
+    def record_stage_write(self, session: Session, pipeline_id: int, batch_id: int, attempt: int,
+                           written: TableWrite) -> None:
+        """`writes_in_stage` sinks only: keep in the ledger which table version holds the batch."""
+        raise NotImplementedError(f"sink type {self.type} stages through Postgres, not in the stage")
+
+    def check_replay(self) -> None:
+        """Refuse (one `SpecError` sentence) a backfill in mode `replay` that this sink cannot take."""
+        return None
 
     def check_staged(self, session: Session, ctx: CommitContext, recorded: int) -> None:
         """Refuse to commit unless the staging table holds exactly the rows the stage recorded."""

@@ -44,7 +44,7 @@ from sqlalchemy.orm import Session
 from microbatch.config import SOURCE_COORDINATES, DeltaSink, PipelineSpec
 from microbatch.errors import MicrobatchError, SpecError
 from microbatch.runtime import cache_dir
-from microbatch.sinks.base import CommitContext, Sink, Staging
+from microbatch.sinks.base import CommitContext, Sink, Staging, TableWrite
 from microbatch.types import OffsetRange
 
 if TYPE_CHECKING:
@@ -313,6 +313,7 @@ class DeltaTableSink(Sink):
     that the version holding the batch is recorded, and commits it."""
 
     type = "delta"
+    spark_session_conf = SPARK_SESSION_CONF
     writes_in_stage = True
     spec: DeltaSink
 
@@ -330,6 +331,25 @@ class DeltaTableSink(Sink):
     def include_late(self) -> bool:
         """Late records land here too unless the spec says otherwise (see `phases/stage.takes_late_records`)."""
         return self.spec.include_late
+
+    def write_in_stage(self, rows: DataFrame, pipeline: str, pipeline_uid: str, batch_id: int, attempt: int,
+                       ranges: Sequence[OffsetRange]) -> TableWrite:
+        found, wrote = write_batch(rows, self.spec, Owner(pipeline, pipeline_uid, self.name), batch_id, attempt,
+                                   ranges)
+        return TableWrite(self.location, found.version, found.rows, found.attempt, wrote)
+
+    def record_stage_write(self, session: Session, pipeline_id: int, batch_id: int, attempt: int,
+                           written: TableWrite) -> None:
+        record_version(session, pipeline_id, self.spec, batch_id, attempt,
+                       LakeVersion(written.version, written.rows, written.attempt))
+
+    def check_replay(self) -> None:
+        """An upsert table keeps each key's winner only, not the history a replay recomputes it from."""
+        if self.spec.mode == "upsert":
+            raise SpecError(
+                f"Backfill mode 'replay': sink '{self.name}' is a delta upsert table, which keeps only each key's "
+                "last value and not the history a replay needs.",
+                fix="Replay into a pipeline without it, or use a postgres_upsert sink, which keeps the history.")
 
     def check_staged(self, session: Session, ctx: CommitContext, recorded: int) -> None:
         row = session.execute(text("SELECT table_version, rows FROM lake_commits WHERE batch_id = :b AND sink = :s"),

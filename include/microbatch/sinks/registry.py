@@ -28,3 +28,8 @@ def sink_for(spec: SinkSpec) -> Sink:
 def sinks_of(spec: PipelineSpec) -> dict[str, Sink]:
     """Every sink of a pipeline by name, in the spec's order (the order the commit writes them in)."""
     return {sink.name: sink_for(sink) for sink in spec.sinks}
+
+
+def spark_session_conf(spec: PipelineSpec) -> dict[str, str]:
+    """The static Spark settings that the stage's session needs for the pipeline's sinks."""
+    return {key: value for sink in sinks_of(spec).values() for key, value in sink.spark_session_conf.items()}
