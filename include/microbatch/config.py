@@ -501,7 +501,8 @@ class DeltaSink(_Strict):
     order_by: str | None = None
     """Upsert mode: a column ordering the versions of a key before the source coordinates."""
     delete_column: str | None = None
-    """Upsert mode: a boolean output column (not stored) marking a record as a delete of its key."""
+    """Upsert mode: a boolean output column (not stored) marking a record as a delete of its key; a record whose
+    value columns are all null deletes it too. The table keeps a deleted key's row with `_deleted` true."""
     maintenance: LakeMaintenance = Field(default_factory=LakeMaintenance)
 
     @field_validator("name")
@@ -520,6 +521,11 @@ class DeltaSink(_Strict):
             raise ValueError("keys: an upsert table needs its key columns; list them in keys")
         if self.mode == "append" and (self.keys or self.order_by or self.delete_column):
             raise ValueError("keys: only an upsert table has keys, order_by or delete_column; set mode: upsert")
+        if "_deleted" in self.columns:
+            raise ValueError("columns: '_deleted' is the upsert table's tombstone flag; rename the column")
+        if self.delete_column is not None and self.delete_column in self.columns:
+            raise ValueError(f"delete_column: '{self.delete_column}' marks deletes and is not stored; remove it "
+                             "from columns")
         known = {*self.columns, *SOURCE_COORDINATES}
         for field_name, names in (("keys", self.keys), ("order_by", [self.order_by] if self.order_by else [])):
             unknown = [n for n in names if n not in known]

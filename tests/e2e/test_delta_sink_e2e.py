@@ -117,32 +117,23 @@ def committed_ranges(url: str, pipeline: str) -> list[tuple[int, list[tuple[int,
 
 
 def upsert_oracle(valid: list[tuple], batches: list[tuple[int, list[tuple[int, int, int]]]]) -> dict[str, tuple]:
-    """Each user's row after applying the committed batches in commit order: within a batch the greatest
-    (ts, partition, offset) per user; it replaces the table's row if greater; a tombstone removes the user."""
-    table: dict[str, tuple] = {}
-    for _, ranges in batches:
-        batch = [f for f in valid if any(p == f[0] and s <= f[1] < e for p, s, e in ranges)]
-        best: dict[str, tuple] = {}
-        for f in batch:
-            if f[2] not in best or (f[4], f[0], f[1]) > (best[f[2]][4], best[f[2]][0], best[f[2]][1]):
-                best[f[2]] = f
-        for user, f in best.items():
-            current = table.get(user)
-            newer = current is None or (f[4], f[0], f[1]) > (current[4], current[0], current[1])
-            if current is None and f[5]:
-                continue
-            if newer:
-                if f[5]:
-                    del table[user]
-                else:
-                    table[user] = f
-    return {u: (f[3], f[4], f[0], f[1]) for u, f in table.items()}
+    """Each user's live row, by the rule of postgres_upsert: the greatest (ts, partition, offset) among the
+    records of the committed batches, in whatever order they came; absent if that record is a tombstone (a
+    forget, which has no page)."""
+    committed = [f for f in valid
+                 if any(p == f[0] and s <= f[1] < e for _, ranges in batches for p, s, e in ranges)]
+    best: dict[str, tuple] = {}
+    for f in committed:
+        if f[2] not in best or (f[4], f[0], f[1]) > (best[f[2]][4], best[f[2]][0], best[f[2]][1]):
+            best[f[2]] = f
+    return {u: (f[3], f[4], f[0], f[1]) for u, f in best.items() if not f[5] and f[3] is not None}
 
 
 def upsert_rows(path: Path) -> dict[str, tuple]:
+    """The upsert table's live rows, read by delta-rs (a key twice fails, tombstones included)."""
     rows = DeltaTable(str(path)).to_pyarrow_table().to_pylist()
     assert len({r["user"] for r in rows}) == len(rows), "a key twice"
-    return {r["user"]: (r["page"], r["ts"], r["partition"], r["offset"]) for r in rows}
+    return {r["user"]: (r["page"], r["ts"], r["partition"], r["offset"]) for r in rows if not r["_deleted"]}
 
 
 def versions_by_batch(path: Path) -> dict[int, list[int]]:

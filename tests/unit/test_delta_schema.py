@@ -82,5 +82,13 @@ def test_write_path_helpers():
     assert delta.app_id(owner, 7) == "microbatch/clicks/u-1/clicks_lake/7"
     upsert = sink(mode="upsert", keys=["user"], order_by="ts", delete_column="forget")
     sql = delta.merge_sql(upsert, "/w/t", "v")
-    assert "WHEN MATCHED AND coalesce(s.`forget`, false) AND" in sql and "THEN DELETE" in sql
-    assert "INSERT (`topic`, `partition`, `offset`, `user`, `ts`)" in sql
+    # A tombstone is kept as the key's row (flagged), never deleted, so that an older record cannot revive it.
+    assert "THEN DELETE" not in sql and "`_deleted` = coalesce(s.`forget`, false)" in sql
+    assert "INSERT (`topic`, `partition`, `offset`, `user`, `ts`, `_deleted`)" in sql
+    assert "WHEN NOT MATCHED THEN INSERT" in sql and "WHEN NOT MATCHED AND" not in sql
+    assert "(t.`ts` IS NULL AND s.`ts` IS NOT NULL)" in sql, "a null order value is the lowest"
+    paged = sink(mode="upsert", keys=["user"], order_by="ts", columns={"user": "text", "page": "text",
+                                                                        "ts": "timestamptz"})
+    assert delta.tombstone_sql(paged, "s") == "(s.`page` IS NULL)", "all value columns null is a tombstone"
+    assert ("_deleted", "boolean", None) in delta.table_fields(paged)
+    assert ("_deleted", "boolean", None) not in delta.table_fields(sink())

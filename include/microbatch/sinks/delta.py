@@ -18,8 +18,11 @@ comes first, in the stage, and is made idempotent and self-describing:
   planned again) cannot leave a second copy of its rows.
 - **Upsert** is one `MERGE` (with the same key, through Delta's `spark.databricks.delta.write.txnAppId` SQL
   settings): the batch's last record per key wins over the table's row if it is greater by (`order_by`,
-  topic, partition, offset); a tombstone deletes the key. A replay of an upsert table is refused: the table
-  keeps only each key's winner, not the history a replay would need (the Postgres upsert sink keeps it).
+  nulls lowest, then topic, partition, offset), as in `postgres_upsert`. A tombstone (`delete_column` true, or
+  every value column null) stays as the key's row with `_deleted` true, as a compacted topic keeps it, so
+  that a later batch's older record cannot bring the key back; readers select `NOT _deleted`. A replay of an
+  upsert table is refused: the table keeps only each key's winner, not the history a replay would need (the
+  Postgres upsert sink keeps it).
 - **Aggregate** is not a mode of this sink: a sum would be a read-modify-write of the table per batch, and the
   retraction of a replay needs per-batch contributions, which `postgres_aggregate` keeps in Postgres.
 
@@ -69,6 +72,8 @@ DELTA_TYPES = {
     "timestamp": "timestamp_ntz", "date": "date", "jsonb": "string", "bytea": "binary", "uuid": "string",
 }
 COORDINATE_TYPES = {"topic": "string", "partition": "integer", "offset": "long"}
+DELETED = "_deleted"
+"""An upsert table's tombstone flag: the key's row is a tombstone (readers select `NOT _deleted`)."""
 GENERATED = {"year": "YEAR({c})", "month": "DATE_TRUNC('MONTH', {c})", "day": "CAST({c} AS DATE)",
              "hour": "DATE_TRUNC('HOUR', {c})"}
 GENERATED_TYPES = {"year": "integer", "month": "timestamp", "day": "date", "hour": "timestamp"}
@@ -150,6 +155,8 @@ def table_fields(sink: DeltaSink) -> list[tuple[str, str, str | None]]:
     the spec's columns, then the generated partition columns."""
     fields: list[tuple[str, str, str | None]] = [(c, COORDINATE_TYPES[c], None) for c in SOURCE_COORDINATES]
     fields += [(name, DELTA_TYPES[type_], None) for name, type_ in sink.columns.items()]
+    if sink.mode == "upsert":
+        fields.append((DELETED, "boolean", None))
     for column, transform, source in sink.partition_columns:
         if transform is not None:
             fields.append((column, GENERATED_TYPES[transform], GENERATED[transform].format(c=source)))
@@ -162,28 +169,40 @@ def written_columns(sink: DeltaSink) -> tuple[str, ...]:
     return (*SOURCE_COORDINATES, *sink.columns, *extra)
 
 
+def tombstone_sql(sink: DeltaSink, alias: str) -> str:
+    """True for a record that deletes its key: its `delete_column` is true, or its value columns (neither keys
+    nor `order_by`) are all null; the rule of `postgres_upsert`."""
+    values = [c for c in sink.columns if c not in sink.keys and c != sink.order_by]
+    checks = [f"coalesce({alias}.`{sink.delete_column}`, false)"] if sink.delete_column else []
+    if values:
+        checks.append("(" + " AND ".join(f"{alias}.`{c}` IS NULL" for c in values) + ")")
+    return " OR ".join(checks) if checks else "false"
+
+
 def merge_sql(sink: DeltaSink, target: str, source_view: str) -> str:
-    """The upsert's MERGE: the batch's winner per key against the table's row, by (order_by, coordinates)."""
+    """The upsert's MERGE: the batch's winner per key replaces the table's row (a tombstone's too) when it is
+    greater by (order_by, nulls lowest; then the coordinates); a key the table lacks is inserted, tombstone or
+    not, so that the key's order survives its deletion."""
     order = [*([sink.order_by] if sink.order_by else []), *SOURCE_COORDINATES]
 
     def newer(s: str, t: str) -> str:
-        # Lexicographic (s.a, s.b, ...) > (t.a, t.b, ...), null-safe.
+        # Lexicographic (s.a, s.b, ...) > (t.a, t.b, ...), null-safe, a null lowest.
         terms = []
         for i, col in enumerate(order):
             equal = " AND ".join(f"{s}.`{c}` <=> {t}.`{c}`" for c in order[:i])
-            terms.append(f"({equal + ' AND ' if equal else ''}{s}.`{col}` > {t}.`{col}`)")
+            greater = f"({s}.`{col}` > {t}.`{col}` OR ({t}.`{col}` IS NULL AND {s}.`{col}` IS NOT NULL))"
+            terms.append(f"({equal + ' AND ' if equal else ''}{greater})")
         return "(" + " OR ".join(terms) + ")"
 
     on = " AND ".join(f"t.`{k}` <=> s.`{k}`" for k in sink.keys)
     stored = [*SOURCE_COORDINATES, *sink.columns]
-    deleted = f"coalesce(s.`{sink.delete_column}`, false)" if sink.delete_column else "false"
-    sets = ", ".join(f"`{c}` = s.`{c}`" for c in stored)
-    cols = ", ".join(f"`{c}`" for c in stored)
-    vals = ", ".join(f"s.`{c}`" for c in stored)
+    deleted = tombstone_sql(sink, "s")
+    sets = ", ".join([*(f"`{c}` = s.`{c}`" for c in stored), f"`{DELETED}` = {deleted}"])
+    cols = ", ".join([*(f"`{c}`" for c in stored), f"`{DELETED}`"])
+    vals = ", ".join([*(f"s.`{c}`" for c in stored), deleted])
     return (f"MERGE INTO delta.`{target}` AS t USING {source_view} AS s ON {on} "
-            f"WHEN MATCHED AND {deleted} AND {newer('s', 't')} THEN DELETE "
-            f"WHEN MATCHED AND NOT {deleted} AND {newer('s', 't')} THEN UPDATE SET {sets} "
-            f"WHEN NOT MATCHED AND NOT {deleted} THEN INSERT ({cols}) VALUES ({vals})")
+            f"WHEN MATCHED AND {newer('s', 't')} THEN UPDATE SET {sets} "
+            f"WHEN NOT MATCHED THEN INSERT ({cols}) VALUES ({vals})")
 
 
 def winners(df: DataFrame, sink: DeltaSink) -> DataFrame:
@@ -530,6 +549,8 @@ def table_view(sink: DeltaSink, limit: int, group_by: str | None = None) -> Tabl
     loc = location(sink)
     table = DeltaTable(loc)
     data = table.to_pyarrow_table()
+    if DELETED in data.column_names:  # an upsert table: its tombstones are not rows of the view
+        data = data.filter(pc.invert(pc.fill_null(data[DELETED], False))).drop_columns([DELETED])
     if group_by is not None:
         counted = data.group_by(group_by).aggregate([(group_by, "count")]).sort_by(
             [(f"{group_by}_count", "descending"), (group_by, "ascending")])
