@@ -564,12 +564,28 @@ def _generate_clicks(count: int, seed: int) -> None:
     console.print(f"produced {sent} clicks to clicks_source ({bad} malformed)")
 
 
+def _run_demo_dag(pipeline: str, log_file: Path) -> None:
+    """Run a shipped pipeline's DAG until it has caught up, Airflow's log into `log_file`; print each run."""
+    from microbatch.runner import run_until_caught_up
+
+    console.print(f"running the {pipeline} DAG until it has caught up; Airflow's task log: {log_file}",
+                  highlight=False)
+    ran = time.monotonic()
+    with _output_to(log_file):
+        outcomes = run_until_caught_up(pipeline, 20)
+    _quiet_clients()
+    _print_runs(outcomes)
+    console.print(f"DAG runs took {time.monotonic() - ran:.1f}s")
+    if not outcomes or outcomes[-1].state != "success":
+        console.print(f"[red]the {pipeline} run failed[/red]; the cause is in {log_file}", highlight=False)
+        raise typer.Exit(1)
+
+
 @app.command()
 def demo(count: int = 10_000) -> None:
     """The whole path on the local stack: services, data, the ip_count and clicks DAGs, the results."""
     from microbatch.dev import stack as devstack
     from microbatch.ledger.database import migrate as run_migrate
-    from microbatch.runner import run_until_caught_up
 
     started = time.monotonic()
     localenv.apply()
@@ -585,33 +601,14 @@ def demo(count: int = 10_000) -> None:
     generate(count=count, topic="ip_count_source", partitions=4, ips=20, span_seconds=60, out_of_order=0.1,
              malformed=0.02, seed=int.from_bytes(os.urandom(2), "big"))
     log_file = _run_log_path("demo")
-    console.print(f"running the ip_count DAG until it has caught up; Airflow's task log: {log_file}",
-                  highlight=False)
-    ran = time.monotonic()
-    with _output_to(log_file):
-        outcomes = run_until_caught_up("ip_count", 20)
-    _quiet_clients()
-    _print_runs(outcomes)
-    console.print(f"DAG runs took {time.monotonic() - ran:.1f}s")
-    if not outcomes or outcomes[-1].state != "success":
-        console.print(f"[red]the ip_count run failed[/red]; the cause is in {log_file}", highlight=False)
-        raise typer.Exit(1)
+    _run_demo_dag("ip_count", log_file)
     show("ip_count", "ip_counts", limit=15)
     status("ip_count")
     history("ip_count", limit=10)
 
     _create_output_topics("clicks")
     _generate_clicks(2_000, seed=int.from_bytes(os.urandom(2), "big"))
-    console.print(f"running the clicks DAG until it has caught up; Airflow's task log: {log_file}", highlight=False)
-    ran = time.monotonic()
-    with _output_to(log_file):
-        outcomes = run_until_caught_up("clicks", 20)
-    _quiet_clients()
-    _print_runs(outcomes)
-    console.print(f"DAG runs took {time.monotonic() - ran:.1f}s")
-    if not outcomes or outcomes[-1].state != "success":
-        console.print(f"[red]the clicks run failed[/red]; the cause is in {log_file}", highlight=False)
-        raise typer.Exit(1)
+    _run_demo_dag("clicks", log_file)
     for sink in ("clicks_raw", "page_views", "user_last_page"):
         show("clicks", sink, limit=5)
     show("clicks", "clicks_lake", limit=5, count_by="page")  # a query of the Delta table, without Spark
