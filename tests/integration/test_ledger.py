@@ -175,6 +175,21 @@ def test_zombie_attempt_cannot_stage_or_commit(ledger_url):
     assert positions(ledger_url) == {}
 
 
+def test_a_batch_already_in_a_lakehouse_table_cannot_be_abandoned(ledger_url):
+    batch_id, attempt = plan_and_stage(ledger_url, [OffsetRange("t", 0, 0, 4)], [("10.0.0.1", 4)])
+    with transaction(ledger_url) as session:
+        pipeline_id = repo.get_batch(session, batch_id).pipeline_id
+        session.execute(text("INSERT INTO lake_commits (batch_id, sink, pipeline_id, attempt, location, "
+                             "table_version, rows) VALUES (:b, 'lake', :p, :a, '/w/lake', 3, 4)"),
+                        {"b": batch_id, "p": pipeline_id, "a": attempt})
+    with pytest.raises(MicrobatchError, match="already in version 3 of /w/lake") as refused:
+        with transaction(ledger_url) as session:
+            repo.abandon_open_batch(session, pipeline_id, batch_id, "test")
+    assert "Run the pipeline again" in refused.value.fix
+    with transaction(ledger_url) as session:
+        assert repo.get_batch(session, batch_id).state == "staged"
+
+
 def test_only_one_open_scheduled_batch(ledger_url):
     plan_and_stage(ledger_url, [OffsetRange("t", 0, 0, 4)], [])
     with pytest.raises(IntegrityError, match="uq_batches_one_open_scheduled"), transaction(ledger_url) as session:

@@ -405,6 +405,13 @@ def abandon_open_batch(session: Session, pipeline_id: int, batch_id: int, reason
                             .with_for_update()).one_or_none()
     if batch is None or batch.state not in OPEN_STATES:
         return None
+    held = session.execute(text("SELECT sink, table_version, location FROM lake_commits WHERE batch_id = :b "
+                                "ORDER BY sink"), {"b": batch_id}).first()
+    if held is not None:  # its rows are in a lakehouse table already: only its commit keeps table and ledger one
+        raise MicrobatchError(
+            f"Batch {batch_id} is already in version {held.table_version} of {held.location} (sink {held.sink}); "
+            "abandoning it would leave its rows in the table without a committed batch.",
+            fix="Run the pipeline again instead: the retry finds that version, writes nothing more and commits.")
     was = batch.state
     batch.state = BatchState.ABANDONED.value
     batch.error = reason[:2000]
