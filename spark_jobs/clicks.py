@@ -24,7 +24,7 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import BooleanType, StringType, StructField, StructType
 
-from spark_jobs.ip_count import MICROS, watermark_after
+from spark_jobs.event_time import watermark_after, watermark_metrics, with_late
 
 CLICK_SCHEMA = StructType([*(StructField(name, StringType()) for name in ("user", "page", "ts")),
                            StructField("forget", BooleanType())])
@@ -54,15 +54,10 @@ class Clicks:
                                                       "2026-11-25T10:00:01Z"))
         )
         checked = typed.select(*source, "user", "page", "forget", "event_time", error.alias("error"))
-        width = window_seconds(options)
-        window_end_us = (F.floor(F.unix_seconds("event_time") / width) * width + width) * MICROS
-        watermark = state.get("watermark_us")
-        late = F.lit(False) if watermark is None else F.coalesce(window_end_us <= F.lit(watermark), F.lit(False))
-        return checked.select("*", (F.col("error").isNull() & late).alias("late"))
+        return with_late(checked, window_seconds(options), state)
 
     def state_metrics(self, options: Mapping[str, Any]) -> dict[str, Column]:
-        good = F.col("error").isNull() & ~F.col("late")
-        return {"max_event_time": F.max(F.when(good, F.unix_micros("event_time")))}
+        return watermark_metrics()
 
     def next_state(
         self, state: Mapping[str, Any], metrics: Mapping[str, Any], options: Mapping[str, Any]

@@ -27,10 +27,11 @@ from typing import Any
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
+from spark_jobs.event_time import watermark_after, watermark_metrics, with_late
+
 # The client field is the whole first field, so that `is_ip_address` alone decides what an address is.
 LINE_PATTERN = r'^(\S+) \S+ \S+ \[([^\]]+)\] "'
 TIME_FORMAT = "dd/MMM/yyyy:HH:mm:ss Z"
-MICROS = 1_000_000
 REASON_ADDRESS_CHARS = 100
 
 _OCTET = r"(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"  # 0-255 without leading zeros, as ipaddress (3.9.5+)
@@ -69,22 +70,6 @@ def window_seconds(options: Mapping[str, Any]) -> int:
     return int(options.get("window_seconds", 5))
 
 
-def lateness_us(options: Mapping[str, Any]) -> int:
-    return int(float(options.get("allowed_lateness_seconds", 5)) * MICROS)
-
-
-def watermark_after(state: Mapping[str, Any], batch_max_event_us: int | None, options: Mapping[str, Any]) -> dict:
-    """The state after a batch: the max event time seen and the watermark, which never goes back."""
-    seen = [v for v in (state.get("max_event_time_us"), batch_max_event_us) if v is not None]
-    if not seen:
-        return dict(state)
-    max_event = max(seen)
-    watermark = max_event - lateness_us(options)
-    if state.get("watermark_us") is not None:
-        watermark = max(watermark, state["watermark_us"])
-    return {**state, "max_event_time_us": max_event, "watermark_us": watermark}
-
-
 class IpCount:
     """Implements `microbatch.transform.SparkJob`."""
 
@@ -117,15 +102,10 @@ class IpCount:
         error = error.when(too_far_ahead, F.lit(
             f"the [time] field is more than {ahead} s ahead of the record's Kafka timestamp"))
         checked = typed.select("topic", "partition", "offset", "value", "ip", "event_time", error.alias("error"))
-        width = window_seconds(options)
-        window_end_us = (F.floor(F.unix_seconds(event_time) / width) * width + width) * MICROS
-        watermark = state.get("watermark_us")
-        late = F.lit(False) if watermark is None else F.coalesce(window_end_us <= F.lit(watermark), F.lit(False))
-        return checked.select("*", (F.col("error").isNull() & late).alias("late"))
+        return with_late(checked, window_seconds(options), state)
 
     def state_metrics(self, options: Mapping[str, Any]) -> dict[str, Column]:
-        good = F.col("error").isNull() & ~F.col("late")
-        return {"max_event_time": F.max(F.when(good, F.unix_micros("event_time")))}
+        return watermark_metrics()
 
     def next_state(
         self, state: Mapping[str, Any], metrics: Mapping[str, Any], options: Mapping[str, Any]
