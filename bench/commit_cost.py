@@ -38,9 +38,9 @@ TOPIC = "bench_src"
 BASE = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
 
 
-def stage_batch_sql(url: str, spec, batch_index: int, records: int, partitions: int, rows: int,
-                    dead_share: float) -> int:
-    """Plan + stage one batch without Kafka or Spark: ranges, staged rows, staged dead letters."""
+def plan_batch_sql(url: str, spec, records: int, partitions: int) -> int:
+    """The ledger's part of a plan, without Kafka: read the positions, look for an open batch, insert the
+    planned batch with a range of records/partitions offsets per partition."""
     from microbatch.ledger import repository as repo
     from microbatch.ledger.database import transaction
     from microbatch.types import OffsetRange, Plan, TopicPartition
@@ -49,12 +49,24 @@ def stage_batch_sql(url: str, spec, batch_index: int, records: int, partitions: 
     with transaction(url) as session:
         pipeline = repo.ensure_pipeline(session, spec, lock=True)
         positions = repo.read_positions(session, pipeline.id)
+        assert repo.find_open_batch(session, pipeline.id) is None
         ranges = []
         for p in range(partitions):
             start = positions.get(TopicPartition(TOPIC, p), 0)
             ranges.append(OffsetRange(TOPIC, p, start, start + per_partition))
-        batch = repo.insert_batch(session, pipeline, Plan(ranges=tuple(ranges)))
-        batch_id = batch.id
+        return repo.insert_batch(session, pipeline, Plan(ranges=tuple(ranges))).id
+
+
+def stage_batch_sql(url: str, spec, batch_index: int, records: int, partitions: int, rows: int,
+                    dead_share: float, batch_id: int | None = None) -> int:
+    """Plan (unless `batch_id` is given) + stage one batch without Kafka or Spark: ranges, staged rows, staged
+    dead letters."""
+    from microbatch.ledger import repository as repo
+    from microbatch.ledger.database import transaction
+
+    per_partition = -(-records // partitions)
+    if batch_id is None:
+        batch_id = plan_batch_sql(url, spec, records, partitions)
     with transaction(url) as session:
         attempt = repo.begin_attempt(session, batch_id)
         window = BASE + timedelta(seconds=5 * batch_index)
