@@ -325,6 +325,17 @@ def _check_row_columns(columns: dict[str, str]) -> dict[str, str]:
     return _check_columns(columns)
 
 
+def _check_upsert_columns(keys: list[str], order_by: str | None, delete_column: str | None,
+                          columns: dict[str, str], known: set[str]) -> None:
+    """An upsert sink's keys and order column are among the `known` columns; its delete column is not stored."""
+    for field_name, names in (("keys", keys), ("order_by", [order_by] if order_by else [])):
+        unknown = [n for n in names if n not in known]
+        if unknown:
+            raise ValueError(f"{field_name}: {', '.join(unknown)} is not among the columns; declare it in columns")
+    if delete_column is not None and delete_column in columns:
+        raise ValueError(f"delete_column: '{delete_column}' marks deletes and is not stored; remove it from columns")
+
+
 class PostgresAggregateSink(_Strict):
     """A Postgres table whose numeric columns are summed on conflict of its key columns."""
 
@@ -427,13 +438,7 @@ class PostgresUpsertSink(_RowSink):
 
     @model_validator(mode="after")
     def _columns_known(self) -> PostgresUpsertSink:
-        for field_name, names in (("keys", self.keys), ("order_by", [self.order_by] if self.order_by else [])):
-            unknown = [n for n in names if n not in self.columns]
-            if unknown:
-                raise ValueError(f"{field_name}: {', '.join(unknown)} is not among the columns; declare it in columns")
-        if self.delete_column is not None and self.delete_column in self.columns:
-            raise ValueError(f"delete_column: '{self.delete_column}' marks deletes and is not stored; remove it "
-                             "from columns")
+        _check_upsert_columns(self.keys, self.order_by, self.delete_column, self.columns, known=set(self.columns))
         return self
 
 
@@ -523,14 +528,8 @@ class DeltaSink(_Strict):
             raise ValueError("keys: only an upsert table has keys, order_by or delete_column; set mode: upsert")
         if "_deleted" in self.columns:
             raise ValueError("columns: '_deleted' is the upsert table's tombstone flag; rename the column")
-        if self.delete_column is not None and self.delete_column in self.columns:
-            raise ValueError(f"delete_column: '{self.delete_column}' marks deletes and is not stored; remove it "
-                             "from columns")
         known = {*self.columns, *SOURCE_COORDINATES}
-        for field_name, names in (("keys", self.keys), ("order_by", [self.order_by] if self.order_by else [])):
-            unknown = [n for n in names if n not in known]
-            if unknown:
-                raise ValueError(f"{field_name}: {', '.join(unknown)} is not among the columns; declare it in columns")
+        _check_upsert_columns(self.keys, self.order_by, self.delete_column, self.columns, known=known)
         for item in self.partition_by:
             match = _PARTITION_TRANSFORM.fullmatch(item)
             column = match and (match.group(2) or match.group(3))

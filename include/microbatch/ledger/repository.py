@@ -21,6 +21,7 @@ from microbatch.ledger.models import (
     BatchKind,
     BatchState,
     LagSnapshot,
+    LakeCommit,
     LedgerGap,
     Pipeline,
     Position,
@@ -405,8 +406,8 @@ def abandon_open_batch(session: Session, pipeline_id: int, batch_id: int, reason
                             .with_for_update()).one_or_none()
     if batch is None or batch.state not in OPEN_STATES:
         return None
-    held = session.execute(text("SELECT sink, table_version, location FROM lake_commits WHERE batch_id = :b "
-                                "ORDER BY sink"), {"b": batch_id}).first()
+    held = session.scalars(select(LakeCommit).where(LakeCommit.batch_id == batch_id)
+                           .order_by(LakeCommit.sink)).first()
     if held is not None:  # its rows are in a lakehouse table already: only its commit keeps table and ledger one
         raise MicrobatchError(
             f"Batch {batch_id} is already in version {held.table_version} of {held.location} (sink {held.sink}); "

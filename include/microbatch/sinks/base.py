@@ -20,7 +20,7 @@ Every method takes the caller's session and runs set-based SQL inside Postgres; 
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -61,6 +61,17 @@ _SQL_TYPES: dict[str, Any] = {
     "bytea": postgresql.BYTEA,
     "uuid": postgresql.UUID,
 }
+
+
+def tombstone_sql(sink: Any, alias: str, name: Callable[[str], str] = quote) -> str:
+    """The upsert sinks' rule, as SQL over the record `alias`: true for a record that deletes its key, i.e. its
+    `delete_column` is true, or its value columns (neither keys nor `order_by`) are all null. `name` quotes a
+    column in the target's dialect."""
+    values = [c for c in sink.columns if c not in sink.keys and c != sink.order_by]
+    checks = [f"coalesce({alias}.{name(sink.delete_column)}, false)"] if sink.delete_column else []
+    if values:
+        checks.append("(" + " AND ".join(f"{alias}.{name(c)} IS NULL" for c in values) + ")")
+    return " OR ".join(checks) if checks else "false"
 
 
 def sql_type(column_type: str) -> TypeEngine[Any]:

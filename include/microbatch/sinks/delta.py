@@ -48,6 +48,7 @@ from microbatch.config import SOURCE_COORDINATES, DeltaSink, PipelineSpec
 from microbatch.errors import MicrobatchError, SpecError
 from microbatch.runtime import cache_dir
 from microbatch.sinks.base import CommitContext, Sink, Staging, TableWrite
+from microbatch.sinks.base import tombstone_sql as base_tombstone_sql
 from microbatch.types import OffsetRange
 
 if TYPE_CHECKING:
@@ -170,13 +171,8 @@ def written_columns(sink: DeltaSink) -> tuple[str, ...]:
 
 
 def tombstone_sql(sink: DeltaSink, alias: str) -> str:
-    """True for a record that deletes its key: its `delete_column` is true, or its value columns (neither keys
-    nor `order_by`) are all null; the rule of `postgres_upsert`."""
-    values = [c for c in sink.columns if c not in sink.keys and c != sink.order_by]
-    checks = [f"coalesce({alias}.`{sink.delete_column}`, false)"] if sink.delete_column else []
-    if values:
-        checks.append("(" + " AND ".join(f"{alias}.`{c}` IS NULL" for c in values) + ")")
-    return " OR ".join(checks) if checks else "false"
+    """The upsert sinks' tombstone rule (`sinks/base.tombstone_sql`) in Spark SQL."""
+    return base_tombstone_sql(sink, alias, lambda column: f"`{column}`")
 
 
 def merge_sql(sink: DeltaSink, target: str, source_view: str) -> str:

@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session
 
 from microbatch.config import SOURCE_COORDINATES, PostgresUpsertSink
 from microbatch.errors import SpecError
-from microbatch.sinks.base import CommitContext, Sink, Staging, quote, sql_type, staging_columns
+from microbatch.sinks.base import CommitContext, Sink, Staging, quote, sql_type, staging_columns, tombstone_sql
 from microbatch.sinks.postgres_append import coordinate_columns
 
 
@@ -38,15 +38,6 @@ def _order(sink: PostgresUpsertSink, alias: str = "") -> str:
     prefix = f"{alias}." if alias else ""
     first = [f"{prefix}{quote(sink.order_by)} DESC NULLS LAST"] if sink.order_by else []
     return ", ".join([*first, *(f"{prefix}{quote(c)} DESC" for c in SOURCE_COORDINATES)])
-
-
-def tombstone_sql(sink: PostgresUpsertSink, alias: str) -> str:
-    """True for a staged record that deletes its key."""
-    values = [c for c in sink.columns if c not in sink.keys and c != sink.order_by]
-    checks = [f"coalesce({alias}.{quote(sink.delete_column)}, false)"] if sink.delete_column else []
-    if values:
-        checks.append("(" + " AND ".join(f"{alias}.{quote(c)} IS NULL" for c in values) + ")")
-    return " OR ".join(checks) if checks else "false"
 
 
 def stored_columns(sink: PostgresUpsertSink) -> tuple[str, ...]:
