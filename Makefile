@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 export PYTHONPATH := $(CURDIR)/include:$(CURDIR)
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: demo test unit integration e2e lint jars venv airflow connect down bench chaos soak clean browser docs
+.PHONY: demo test unit integration e2e lint jars venv airflow connect down bench chaos chaos-cluster cluster soak clean browser docs
 
 $(STAMP): requirements.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -63,6 +63,15 @@ bench-delta: jars
 # randomized soak (SEED=... replays one); both print a table and take tens of minutes.
 chaos: jars
 	$(PY) -m tests.chaos.harness --records 100000 --rounds 3
+
+# The same on a three-broker KRaft cluster (RF 3, min.insync.replicas 2), with the cluster's fault kinds
+# (partition leaders, the transaction coordinator, a broker during plan, two brokers at once), 6 partitions.
+chaos-cluster: jars
+	$(PY) -m tests.chaos.harness --cluster --partitions 6 --records 100000 --rounds 3
+
+# A three-broker cluster in the foreground (Ctrl-C stops it), to point a pipeline at by hand.
+cluster: jars
+	$(PY) -m microbatch.dev.stack cluster
 
 SEED ?=
 soak: jars

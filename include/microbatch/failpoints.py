@@ -2,7 +2,9 @@
 
 `MICROBATCH_FAILPOINTS` lists armed points, comma-separated: `name` exits with `os._exit`,
 `name=kill` sends SIGKILL to the own process, `name=N` (for points that count records)
-fires after N records. With `MICROBATCH_FAILPOINT_DIR` set, each point fires once: a marker
+fires after N records, and `name=pause:S` does not crash: it holds the process S seconds at the point,
+so that a test can break something outside it (a Kafka broker) at that moment.
+With `MICROBATCH_FAILPOINT_DIR` set, each point fires once: a marker
 file records that it fired, so the retry goes through; and the file `.armed` in that directory,
 if present, arms more points in the same syntax, read at each hit, so a test can arm a point in
 processes that are already running. Unarmed points cost one dict lookup (plus a file read when
@@ -15,6 +17,7 @@ import contextlib
 import logging
 import os
 import signal
+import time
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -51,10 +54,7 @@ def argument(name: str) -> str | None:
 
 def crash(name: str, mode: str = "") -> None:
     """Die now, the hard way, after recording that the failpoint fired."""
-    marker_dir = os.environ.get(FAILPOINT_DIR_ENV)
-    if marker_dir:
-        Path(marker_dir).mkdir(parents=True, exist_ok=True)
-        (Path(marker_dir) / name).touch()
+    _mark(name)
     log.error("failpoint %s fired: the process dies now (test crash injection)", name)
     for handler in logging.getLogger().handlers:
         handler.flush()
@@ -63,8 +63,22 @@ def crash(name: str, mode: str = "") -> None:
     os._exit(EXIT_CODE)
 
 
+def _mark(name: str) -> None:
+    marker_dir = os.environ.get(FAILPOINT_DIR_ENV)
+    if marker_dir:
+        Path(marker_dir).mkdir(parents=True, exist_ok=True)
+        (Path(marker_dir) / name).touch()
+
+
 def hit(name: str) -> None:
-    """Crash here if the failpoint `name` is armed."""
+    """Crash here if the failpoint `name` is armed (or pause here, for `name=pause:S`)."""
     arg = argument(name)
-    if arg is not None:
-        crash(name, arg)
+    if arg is None:
+        return
+    if arg.startswith("pause:"):
+        seconds = float(arg.removeprefix("pause:"))
+        log.warning("failpoint %s: holding here %.0fs (test fault injection)", name, seconds)
+        _mark(name)
+        time.sleep(seconds)
+        return
+    crash(name, arg)

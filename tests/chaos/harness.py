@@ -22,6 +22,14 @@ and per pipeline:
 
     PYTHONPATH=include:. .venv/bin/python -m tests.chaos.harness --records 100000 --rounds 3
     PYTHONPATH=include:. .venv/bin/python -m tests.chaos.harness --pipeline clicks --records 20000 --rounds 1
+    PYTHONPATH=include:. .venv/bin/python -m tests.chaos.harness --cluster --partitions 6 --records 100000 --rounds 3
+
+With `--cluster` it runs on three KRaft brokers (replication factor 3, `min.insync.replicas` 2, replicated
+offsets and transaction-state topics) and applies the cluster's fault kinds instead: the leader of a source
+partition killed as the stage reads it, the leader of an output partition and the sink's transaction
+coordinator killed while the publisher holds an open transaction, a broker killed between plan's offset
+lookups, and two brokers down at once. A run holds at a pause failpoint while the fault hits, so every fault
+applies; each killed node comes back on its ports and data a few seconds later.
 
 A fast subset runs inside `make test` (tests/chaos/test_harness.py).
 """
@@ -45,6 +53,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import psutil
+import yaml
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from sqlalchemy import text
 
@@ -58,7 +67,7 @@ from microbatch.dev.datagen import (
     generate_lines,
     produce_lines,
 )
-from microbatch.dev.kafka import KafkaBroker, create_topic
+from microbatch.dev.kafka import KafkaBroker, KafkaCluster, create_topic
 from microbatch.dev.postgres import LocalPostgres
 from microbatch.failpoints import ARMED_FILE, FAILPOINT_DIR_ENV
 from microbatch.ledger.database import get_engine, migrate, transaction
@@ -83,6 +92,15 @@ from tests.e2e.helpers import (
 )
 
 SOURCE = "chaos_source"
+PROBE = "chaos_probe"  # the cluster run's write probe while two brokers are down
+# Where a run holds (a pause failpoint) while the cluster fault hits, and for how long.
+HOLD_POINTS = {
+    "kill the leader of a source partition as the stage reads it": "stage.before_read",
+    "kill the leader of an output partition inside a publisher transaction": "publish.before_commit",
+    "kill the transaction coordinator of the sink's transactional_id": "publish.before_commit",
+    "kill a broker while plan lists offsets": "plan.list_offsets",
+}
+HOLD_SECONDS = 8
 PIPELINES = ("ip_count", "clicks")
 # What the aborted source transactions hold: a record the pipeline would take, were it ever read.
 ABORTED_VALUE = {
@@ -117,6 +135,8 @@ class Harness:
     seed: int = 1
     liveness_bound_s: float = 240.0
     pipeline: str = "ip_count"  # or "clicks"
+    cluster: bool = False  # three KRaft brokers, RF 3, min.insync.replicas 2, and the cluster's fault kinds
+    partitions: int = 4  # of the source topic
     lines: list[LogLine | Click] = field(default_factory=list)
     coords: list[tuple[int, int]] = field(default_factory=list)
     faults: list[FaultRecord] = field(default_factory=list)
@@ -131,31 +151,38 @@ class Harness:
         self.lock = threading.Lock()
         self.observed: list[tuple[int, dict]] = []
         self.armed: dict[str, str] = {}  # failpoints every new run gets, until disarmed
+        self.bounces: list[threading.Thread] = []  # cluster nodes on their way back up
 
     # services -------------------------------------------------------------------------------------
     def start(self) -> None:
         localenv.apply()
         os.environ["AIRFLOW_HOME"] = str(self.work / "airflow")
-        self.broker = KafkaBroker(self.work / "kafka").start()
+        if self.cluster:
+            self.kafka = KafkaCluster(self.work / "kafka").start()
+            self.bootstrap = self.kafka.bootstrap_servers
+            create_topic(self.bootstrap, PROBE, 1)
+        else:
+            self.broker = KafkaBroker(self.work / "kafka").start()
+            self.bootstrap = self.broker.bootstrap_servers
         self.postgres = LocalPostgres(self.work / "postgres").start()
         self.postgres.create_database("chaos")
         self.url = self.postgres.url("chaos")
         migrate(self.url)
-        create_topic(self.broker.bootstrap_servers, SOURCE, 4)
+        create_topic(self.bootstrap, SOURCE, self.partitions)
         if self.pipeline == "clicks":
             specs = write_clicks_test_spec(self.work / "pipelines", SOURCE, self.batch_size,
-                                           bootstrap=self.broker.bootstrap_servers)
+                                           bootstrap=self.bootstrap)
             dags = pipeline_dag_folder(self.work, self.pipeline)  # the shipped dags/ would load ip_count too
         else:
             specs = write_test_spec(self.work / "pipelines", SOURCE, self.batch_size,
-                                    bootstrap=self.broker.bootstrap_servers)
+                                    bootstrap=self.bootstrap)
             dags = {}
         self.output = f"{SOURCE}_out"
         self.env = {
             **os.environ,
             **dags,
             "MICROBATCH_LEDGER_URL": self.url,
-            "MICROBATCH_KAFKA_BOOTSTRAP": self.broker.bootstrap_servers,
+            "MICROBATCH_KAFKA_BOOTSTRAP": self.bootstrap,
             "MICROBATCH_PIPELINES_DIR": str(specs),
             FAILPOINT_DIR_ENV: str(self.work / "failpoints"),
         }
@@ -170,14 +197,16 @@ class Harness:
                 runner.kill()
         for proc in _matching("run_batch.py", self.env["MICROBATCH_PIPELINES_DIR"]):
             proc.kill()
-        self.broker.stop()
+        for thread in self.bounces:
+            thread.join(timeout=180)
+        (self.kafka if self.cluster else self.broker).stop()
         self.postgres.stop()
 
     # input ----------------------------------------------------------------------------------------
     def produce_chunk(self, index: int) -> None:
         start = datetime(2026, 11, 22, 12, 0, 0, tzinfo=UTC) + timedelta(seconds=60 * index)
         chunk = (self._clicks_chunk if self.pipeline == "clicks" else self._lines_chunk)(index, start)
-        coords = _retrying(lambda: produce_lines(self.broker.bootstrap_servers, SOURCE, chunk))
+        coords = _retrying(lambda: produce_lines(self.bootstrap, SOURCE, chunk))
         self._aborted_transaction()
         with self.lock:
             self.lines.extend(chunk)
@@ -212,11 +241,11 @@ class Harness:
     def _aborted_transaction(self) -> None:
         """Source records in a transaction that is aborted on purpose: read_committed never counts them."""
         def abort() -> None:
-            producer = KafkaProducer(bootstrap_servers=self.broker.bootstrap_servers,
+            producer = KafkaProducer(bootstrap_servers=self.bootstrap,
                                      transactional_id=f"chaos-aborter-{uuid.uuid4()}")
             producer.init_transactions()
             producer.begin_transaction()
-            for partition in range(4):
+            for partition in range(self.partitions):
                 producer.send(SOURCE, value=ABORTED_VALUE[self.pipeline], partition=partition)
             producer.flush()
             producer.abort_transaction()
@@ -244,7 +273,7 @@ class Harness:
         while not self.stop.is_set():
             try:
                 if consumer is None:
-                    consumer = KafkaConsumer(bootstrap_servers=self.broker.bootstrap_servers, group_id=None,
+                    consumer = KafkaConsumer(bootstrap_servers=self.bootstrap, group_id=None,
                                              isolation_level="read_committed", enable_auto_commit=False)
                     tps = [TopicPartition(self.output, p) for p in range(4)]
                     consumer.assign(tps)
@@ -260,6 +289,14 @@ class Harness:
 
     # faults -----------------------------------------------------------------------------------------
     def fault_kinds(self) -> dict[str, Callable[[int], str]]:
+        if self.cluster:
+            return {
+                "kill the leader of a source partition as the stage reads it": self.kill_source_leader,
+                "kill the leader of an output partition inside a publisher transaction": self.kill_output_leader,
+                "kill the transaction coordinator of the sink's transactional_id": self.kill_coordinator,
+                "kill a broker while plan lists offsets": self.kill_broker_in_plan,
+                "take two brokers down at once (min.insync.replicas 2 refuses writes)": self.two_brokers_down,
+            }
         return {
             "kill the spark-submit driver": self.kill_driver,
             "kill a Spark Python worker": self.kill_python_worker,
@@ -329,6 +366,12 @@ class Harness:
 
     def prepare(self, name: str, sig: int) -> None:
         """Arm what a fault needs before its input is produced, so the run that takes that input has it."""
+        if self.cluster:
+            self.wait_cluster_whole()
+            if point := HOLD_POINTS.get(name):
+                (Path(self.env[FAILPOINT_DIR_ENV]) / point).unlink(missing_ok=True)
+                self._arm(f"{point}=pause:{HOLD_SECONDS}")
+            return
         if name == "kill a Spark Python worker":
             self._arm("stage.read=1000000000000")
         elif name == "kill the publisher after its Kafka commit":
@@ -337,7 +380,99 @@ class Harness:
 
     def restart_broker(self, sig: int) -> str:
         self.broker.restart(hard=sig == signal.SIGKILL)
-        return f"broker back on {self.broker.bootstrap_servers}"
+        return f"broker back on {self.bootstrap}"
+
+    # faults of the three-broker cluster ------------------------------------------------------------------
+    def _held(self, point: str) -> None:
+        """Wait until a run holds at the pause failpoint `point` (its marker file appears), then disarm it."""
+        try:
+            _wait_for((Path(self.env[FAILPOINT_DIR_ENV]) / point).exists, 300)
+        finally:
+            self._disarm(point)
+
+    def _bounce(self, nodes: list[int], sig: int, down_s: float = 8.0) -> None:
+        """Take `nodes` down by `sig` now, and start them again on their ports and data `down_s` later,
+        in the background (the next fault waits until the cluster is whole and fully replicated again)."""
+        for node in nodes:
+            self.kafka.down(node, sig)
+
+        def back() -> None:
+            time.sleep(down_s)
+            for node in nodes:
+                self.kafka.node(node).launch()
+            for node in nodes:
+                self.kafka.node(node).wait_ready(180)
+        thread = threading.Thread(target=back, daemon=True)
+        thread.start()
+        self.bounces.append(thread)
+
+    def wait_cluster_whole(self) -> None:
+        for thread in self.bounces:
+            thread.join(timeout=240)
+        _retrying(lambda: self.kafka.wait_replicated(240))
+
+    def kill_source_leader(self, sig: int) -> str:
+        self._held("stage.before_read")
+        partition = self._staged_partition()
+        node = self.kafka.leader_of(SOURCE, partition)
+        self._bounce([node], sig)
+        return f"node {node}, the leader of {SOURCE}[{partition}], in the batch being read"
+
+    def kill_output_leader(self, sig: int) -> str:
+        self._held("publish.before_commit")
+        partition = self.rng.randrange(4)
+        node = self.kafka.leader_of(self.output, partition)
+        self._bounce([node], sig)
+        return f"node {node}, the leader of {self.output}[{partition}], while the publisher's transaction was open"
+
+    def kill_coordinator(self, sig: int) -> str:
+        self._held("publish.before_commit")
+        transactional_id = self._transactional_id()
+        node = self.kafka.transaction_coordinator(transactional_id)
+        self._bounce([node], sig)
+        return f"node {node}, the transaction coordinator of {transactional_id}, while its transaction was open"
+
+    def kill_broker_in_plan(self, sig: int) -> str:
+        self._held("plan.list_offsets")
+        node = self.rng.choice(sorted(self.kafka.nodes))
+        led = sorted(p for p in range(self.partitions) if self.kafka.leader_of(SOURCE, p) == node)
+        self._bounce([node], sig)
+        return f"node {node} (leader of {SOURCE}{led}) between plan's two offset lookups"
+
+    def two_brokers_down(self, sig: int, down_s: float = 20.0) -> str:
+        nodes = self.rng.sample(sorted(self.kafka.nodes), 2)
+        self._bounce(nodes, sig, down_s)
+        refused = self._probe_write()
+        return f"nodes {nodes[0]} and {nodes[1]} down for {down_s:.0f}s; a probe write with acks=all: {refused}"
+
+    def _probe_write(self) -> str:
+        """Write one record with acks=all while two of three brokers are down: with min.insync.replicas 2 (and
+        the controller quorum lost) no broker may acknowledge it."""
+        from kafka.errors import KafkaError
+
+        producer = None
+        try:
+            producer = KafkaProducer(bootstrap_servers=self.bootstrap, acks="all", retries=0,
+                                     request_timeout_ms=4000, max_block_ms=4000, delivery_timeout_ms=5000)
+            producer.send(PROBE, b"probe").get(timeout=6)
+            return "accepted"
+        except KafkaError as exc:
+            return f"not acknowledged ({type(exc).__name__})"
+        finally:
+            if producer is not None:
+                producer.close(timeout=2)
+
+    def _staged_partition(self) -> int:
+        """A source partition with records in the batch the stage is about to read (else any)."""
+        with transaction(self.url) as session:
+            rows = session.execute(text(
+                "SELECT r.partition FROM ranges r JOIN batches b ON b.id = r.batch_id WHERE b.state = 'planned' "
+                "AND r.end_offset > r.start_offset ORDER BY b.id DESC")).scalars().all()
+        return self.rng.choice(rows) if rows else self.rng.randrange(self.partitions)
+
+    def _transactional_id(self) -> str:
+        spec = yaml.safe_load((Path(self.env["MICROBATCH_PIPELINES_DIR"]) / f"{self.pipeline}.yaml").read_text())
+        return next(f"microbatch.{s['name']}" for s in spec["sinks"] if s["type"] == "kafka")
 
     def restart_postgres(self, sig: int) -> str:
         _wait_for(self._staged_batch, 120)
@@ -387,10 +522,13 @@ class Harness:
             try:
                 record.detail = self.fault_kinds()[name](sig)
                 record.done = True
+                if self.cluster:  # these wait for a run to reach its hold point, then hit at once
+                    record.at = time.time()
             except TimeoutError as exc:
                 record.detail = f"not applied: {exc}"
             self.faults.append(record)
-            print(f"[chaos] {record.sig:7} {name}: {record.detail}", flush=True)
+            hit_at = datetime.fromtimestamp(record.at, UTC).strftime("%H:%M:%S.%f")[:-3]
+            print(f"[chaos] {hit_at} {record.sig:7} {name}: {record.detail}", flush=True)
 
     # the run ------------------------------------------------------------------------------------------
     def run(self, schedule: list[tuple[str, int]], spacing_s: tuple[float, float] = (5, 20)) -> list[Check]:
@@ -437,7 +575,7 @@ class Harness:
                             f"{sum(actual.values())} counted, {len(expected.late)} late, {good} well-formed lines"))
         audit = verify_ledger({"MICROBATCH_LEDGER_URL": self.url, "MICROBATCH_PIPELINES_DIR":
                                self.env["MICROBATCH_PIPELINES_DIR"]})
-        ends = _end_offsets(self.broker.bootstrap_servers, SOURCE)
+        ends = _end_offsets(self.bootstrap, SOURCE, self.partitions)
         with transaction(self.url) as session:
             positions = dict(session.execute(text("SELECT partition, next_offset FROM positions")).all())
         checks.append(Check("no loss: ranges cover every offset to the end", audit["ok"] and positions == ends,
@@ -450,7 +588,7 @@ class Harness:
                             f"{len(expected.late)} late"))
         final = {(start.isoformat(), ip): n for (start, ip), n in expected.counts.items()
                  if start + timedelta(seconds=5) <= expected.watermark}
-        after = read_output(self.broker.bootstrap_servers, self.output)
+        after = read_output(self.bootstrap, self.output)
         checks.append(Check("read_committed consumer after: each final window once", _published_ok(after, final),
                             f"{len(after)} records, {len(final)} final windows"))
         deadline = time.time() + 60
@@ -460,7 +598,7 @@ class Harness:
         consumer.join(timeout=10)
         checks.append(Check("read_committed consumer during faults: each final window once",
                             _published_ok(self.observed, final), f"{len(self.observed)} records"))
-        checks.append(Check("no hanging transaction (marker probe)", _marker_probe(self.broker.bootstrap_servers,
+        checks.append(Check("no hanging transaction (marker probe)", _marker_probe(self.bootstrap,
                                                                                    self.output), "markers visible"))
         checks.append(self._liveness())
         return checks
@@ -486,7 +624,7 @@ class Harness:
         audit = json.loads(subprocess.run(
             [sys.executable, "-m", "microbatch.cli", "verify", self.pipeline, "--json"], env=self.env,
             capture_output=True, text=True, timeout=120, check=False).stdout)
-        ends = _end_offsets(self.broker.bootstrap_servers, SOURCE)
+        ends = _end_offsets(self.bootstrap, SOURCE, self.partitions)
         with transaction(self.url) as session:
             positions = dict(session.execute(text("SELECT partition, next_offset FROM positions")).all())
         checks.append(Check("no loss: ranges cover every offset to the end", audit["ok"] and positions == ends,
@@ -497,7 +635,7 @@ class Harness:
                             f"{len(malformed)} malformed"))
         checks.append(Check("late records == late set", late_coordinates(self.url) == expected.late,
                             f"{len(expected.late)} late"))
-        after = read_output(self.broker.bootstrap_servers, self.output)
+        after = read_output(self.bootstrap, self.output)
         problems = published_clicks_problems(after, raw)
         checks.append(Check("read_committed consumer after: each clicks_raw row once", not problems,
                             "; ".join(problems) or f"{len(after)} records"))
@@ -509,7 +647,7 @@ class Harness:
         problems = published_clicks_problems(self.observed, raw)
         checks.append(Check("read_committed consumer during faults: each clicks_raw row once", not problems,
                             "; ".join(problems) or f"{len(self.observed)} records"))
-        checks.append(Check("no hanging transaction (marker probe)", _marker_probe(self.broker.bootstrap_servers,
+        checks.append(Check("no hanging transaction (marker probe)", _marker_probe(self.bootstrap,
                                                                                    self.output), "markers visible"))
         checks.append(self._liveness())
         return checks
@@ -564,10 +702,10 @@ def _marker_probe(bootstrap: str, topic: str) -> bool:
     return len(seen) == 4
 
 
-def _end_offsets(bootstrap: str, topic: str) -> dict[int, int]:
+def _end_offsets(bootstrap: str, topic: str, partitions: int) -> dict[int, int]:
     consumer = KafkaConsumer(bootstrap_servers=bootstrap, isolation_level="read_committed", group_id=None)
     try:
-        tps = [TopicPartition(topic, p) for p in range(4)]
+        tps = [TopicPartition(topic, p) for p in range(partitions)]
         return {tp.partition: end for tp, end in consumer.end_offsets(tps).items()}
     finally:
         consumer.close()
@@ -640,12 +778,15 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--pipeline", choices=PIPELINES, default="ip_count")
     parser.add_argument("--liveness-bound", type=float, default=300.0, help="seconds from a fault to the next commit")
+    parser.add_argument("--cluster", action="store_true",
+                        help="three KRaft brokers (RF 3, min.insync.replicas 2) and the cluster's fault kinds")
+    parser.add_argument("--partitions", type=int, default=4, help="of the source topic")
     parser.add_argument("--json", type=Path, default=None, help="also write the result here")
     args = parser.parse_args()
     started = time.monotonic()
     work = Path(tempfile.mkdtemp(prefix="microbatch-chaos-"))
     harness = Harness(work, args.records, args.chunks, args.batch_size, args.seed, args.liveness_bound,
-                      args.pipeline)
+                      args.pipeline, cluster=args.cluster, partitions=args.partitions)
     schedule = harness.full_schedule(args.rounds)
     harness.chunks = max(harness.chunks, len(schedule))  # at least one fresh chunk before every fault
     harness.start()
@@ -659,6 +800,7 @@ def main() -> int:
     if args.json:
         args.json.write_text(json.dumps({
             "pipeline": args.pipeline, "records": len(harness.lines), "seed": args.seed,
+            "brokers": 3 if args.cluster else 1, "partitions": args.partitions,
             "seconds": round(time.monotonic() - started),
             "faults": [{"fault": f.name, "signal": f.sig, "applied": f.done, "commit_after_s": f.recovered_s,
                         "detail": f.detail} for f in harness.faults],

@@ -1,10 +1,12 @@
-"""Failpoint arming and the data generator's independent recount."""
+"""Failpoint arming (crash and pause), the leader-move sentence, and the data generator's independent recount."""
 
 import ipaddress
+import time
 from datetime import UTC, datetime, timedelta
 
 from microbatch import failpoints
 from microbatch.dev.datagen import INVALID_ADDRESSES, LogLine, expected_counts, format_line, generate_lines
+from microbatch.kafka.offsets import leader_moves
 
 T0 = datetime(2026, 11, 22, 12, 0, 0, tzinfo=UTC)
 
@@ -28,6 +30,26 @@ def test_failpoints_armed_by_file_while_running(tmp_path, monkeypatch):
     assert failpoints.argument("stage.read") == "5"
     (tmp_path / failpoints.ARMED_FILE).write_text("")
     assert failpoints.argument("publish.after_commit") is None
+
+
+def test_pause_failpoint_holds_once_and_marks(tmp_path, monkeypatch):
+    monkeypatch.delenv(failpoints.FAILPOINTS_ENV, raising=False)
+    monkeypatch.setenv(failpoints.FAILPOINT_DIR_ENV, str(tmp_path))
+    (tmp_path / failpoints.ARMED_FILE).write_text("plan.list_offsets=pause:0.2")
+    started = time.monotonic()
+    failpoints.hit("plan.list_offsets")  # holds, then goes on: the process does not die
+    assert time.monotonic() - started >= 0.2
+    assert (tmp_path / "plan.list_offsets").exists()
+    started = time.monotonic()
+    failpoints.hit("plan.list_offsets")  # fired once: the marker lets the next hit through at once
+    assert time.monotonic() - started < 0.2
+
+
+def test_leader_moves_names_each_moved_partition():
+    before = {"src[0]": 1, "src[1]": 2, "src[2]": None}
+    after = {"src[0]": 3, "src[1]": 2, "src[2]": 1}
+    assert leader_moves(before, after) == ["the leader of src[0] moved from broker 1 to broker 3"]
+    assert leader_moves(before, before) == []
 
 
 def test_generator_is_seeded_and_recount_matches():

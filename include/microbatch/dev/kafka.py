@@ -1,4 +1,5 @@
-"""A real Apache Kafka broker (KRaft, single node) from the Apache jars on Maven Central, and topic creation."""
+"""A real Apache Kafka from the Apache jars on Maven Central (KRaft): a single node, or a three-node cluster
+with replicated topics; and topic creation."""
 
 from __future__ import annotations
 
@@ -15,13 +16,20 @@ log = logging.getLogger(__name__)
 
 
 class KafkaBroker:
-    """A single-node KRaft broker+controller in one JVM, with its data under `work_dir`."""
+    """A KRaft broker+controller in one JVM, with its data under `work_dir`: a single node by default, or node
+    `node_id` of a cluster whose controller quorum is `voters` (node id -> controller port) and whose topics
+    are replicated `replication` times (`min.insync.replicas` one less)."""
 
     def __init__(self, work_dir: Path, port: int | None = None, controller_port: int | None = None,
-                 sasl_users: dict[str, str] | None = None) -> None:
+                 sasl_users: dict[str, str] | None = None, *, node_id: int = 1,
+                 voters: dict[int, int] | None = None, replication: int = 1, cluster_id: str | None = None) -> None:
         self.work_dir = Path(work_dir)
         self.port = port or free_port()
         self.controller_port = controller_port or free_port()
+        self.node_id = node_id
+        self.voters = voters
+        self.replication = replication
+        self.cluster_id = cluster_id
         # With `sasl_users` (name -> password), a second listener takes SASL_PLAINTEXT with mechanism PLAIN.
         self.sasl_users = sasl_users or {}
         self.sasl_port = free_port() if self.sasl_users else None
@@ -45,10 +53,13 @@ class KafkaBroker:
     def _configure(self) -> Path:
         self.work_dir.mkdir(parents=True, exist_ok=True)
         properties = self.work_dir / "server.properties"
+        replication, min_isr = str(self.replication), str(max(1, self.replication - 1))
+        quorum = ({"controller.quorum.voters": ",".join(f"{n}@127.0.0.1:{p}" for n, p in sorted(self.voters.items()))}
+                  if self.voters else {"controller.quorum.bootstrap.servers": f"127.0.0.1:{self.controller_port}"})
         settings = {
             "process.roles": "broker,controller",
-            "node.id": "1",
-            "controller.quorum.bootstrap.servers": f"127.0.0.1:{self.controller_port}",
+            "node.id": str(self.node_id),
+            **quorum,
             "listeners": f"PLAINTEXT://127.0.0.1:{self.port},CONTROLLER://127.0.0.1:{self.controller_port}",
             "advertised.listeners": f"PLAINTEXT://127.0.0.1:{self.port}",
             "controller.listener.names": "CONTROLLER",
@@ -57,16 +68,21 @@ class KafkaBroker:
             "log.dirs": str(self.work_dir / "data"),
             "num.partitions": "4",
             "auto.create.topics.enable": "false",
-            "offsets.topic.replication.factor": "1",
+            "default.replication.factor": replication,
+            "min.insync.replicas": min_isr,
+            "offsets.topic.replication.factor": replication,
             "offsets.topic.num.partitions": "4",
-            "transaction.state.log.replication.factor": "1",
-            "transaction.state.log.min.isr": "1",
+            "transaction.state.log.replication.factor": replication,
+            "transaction.state.log.min.isr": min_isr,
             "transaction.state.log.num.partitions": "4",
             "group.initial.rebalance.delay.ms": "0",
             "log.cleaner.backoff.ms": "1000",
-            "share.coordinator.state.topic.replication.factor": "1",
-            "share.coordinator.state.topic.min.isr": "1",
+            "share.coordinator.state.topic.replication.factor": replication,
+            "share.coordinator.state.topic.min.isr": min_isr,
         }
+        if self.voters:  # a restarted node catches up and takes its leaderships back soon
+            settings.update({"leader.imbalance.check.interval.seconds": "5",
+                             "controlled.shutdown.enable": "true"})
         if self.sasl_users:
             users = " ".join(f'user_{name}="{password}"' for name, password in self.sasl_users.items())
             settings.update({
@@ -87,10 +103,11 @@ class KafkaBroker:
             "appender.file.layout.type = PatternLayout\nappender.file.layout.pattern = [%d] %p %m (%c)%n\n"
         )
         if not (self.work_dir / "data" / "meta.properties").exists():
-            cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
-            # `--cluster-id=`: a random id may start with '-', which would read as an option.
+            cluster_id = self.cluster_id or new_cluster_id()
+            # `--cluster-id=`: a random id may start with '-', which would read as an option. A static quorum
+            # (`controller.quorum.voters`) is formatted as it is; a single node formats itself as the quorum.
             self._java("kafka.tools.StorageTool", "format", f"--cluster-id={cluster_id}", "-c", str(properties),
-                       "--standalone", wait=True)
+                       *(() if self.voters else ("--standalone",)), wait=True)
         return properties
 
     def _java(self, main: str, *args: str, wait: bool = False) -> subprocess.Popen[bytes]:
@@ -108,11 +125,22 @@ class KafkaBroker:
 
     def start(self, timeout: float = 90) -> KafkaBroker:
         """Start the broker and wait until it answers metadata requests."""
+        self.launch()
+        self.wait_ready(timeout)
+        return self
+
+    def launch(self) -> None:
+        """Start the JVM without waiting (the nodes of a cluster start together: each waits for a quorum)."""
         properties = self._configure()
         self.process = self._java("kafka.Kafka", str(properties))
+
+    def wait_ready(self, timeout: float = 90) -> None:
         wait_until(self._ready, timeout, f"Kafka broker on {self.bootstrap_servers}", self.log_file)
-        log.info("Kafka broker up on %s (pid %s)", self.bootstrap_servers, self.pid)
-        return self
+        log.info("Kafka broker %s up on %s (pid %s)", self.node_id, self.bootstrap_servers, self.pid)
+
+    @property
+    def running(self) -> bool:
+        return self.process is not None and self.process.poll() is None
 
     def _ready(self) -> bool:
         if self.process is not None and self.process.poll() is not None:
@@ -132,6 +160,17 @@ class KafkaBroker:
             return False
         finally:
             admin.close()
+
+    def signal(self, sig: int) -> None:
+        """Send `sig` (SIGKILL: a crash; SIGTERM: a controlled shutdown) and wait for the JVM to end."""
+        if self.running:
+            assert self.process is not None
+            self.process.send_signal(sig)
+            try:
+                self.process.wait(60)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
 
     def stop(self, timeout: float = 20) -> None:
         """SIGTERM (a clean shutdown), then SIGKILL if it takes longer than `timeout`."""
@@ -161,11 +200,108 @@ class KafkaBroker:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
+def new_cluster_id() -> str:
+    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
 
 
-def create_topic(bootstrap_servers: str, name: str, partitions: int, replication: int = 1,
+class KafkaCluster:
+    """Three KRaft nodes (each a broker and a voter of the controller quorum) on loopback ports, with
+    replication factor 3 and `min.insync.replicas` 2 for new topics and for the internal offsets and
+    transaction-state topics, as in Kafka's own transactions system test."""
+
+    def __init__(self, work_dir: Path, size: int = 3) -> None:
+        self.work_dir = Path(work_dir)
+        controllers = {n: free_port() for n in range(1, size + 1)}
+        cluster_id = new_cluster_id()
+        self.nodes = {n: KafkaBroker(self.work_dir / f"node{n}", controller_port=controllers[n], node_id=n,
+                                     voters=controllers, replication=size, cluster_id=cluster_id)
+                      for n in controllers}
+
+    @property
+    def bootstrap_servers(self) -> str:
+        return ",".join(node.bootstrap_servers for node in self.nodes.values())
+
+    def start(self, timeout: float = 120) -> KafkaCluster:
+        for node in self.nodes.values():
+            node.launch()
+        for node in self.nodes.values():
+            node.wait_ready(timeout)
+        self.wait_replicated(timeout)
+        return self
+
+    def node(self, node_id: int) -> KafkaBroker:
+        return self.nodes[node_id]
+
+    def down(self, node_id: int, sig: int) -> None:
+        """Take a node down by `sig`: SIGKILL (a crash) or SIGTERM (a controlled shutdown)."""
+        self.nodes[node_id].signal(sig)
+
+    def up(self, node_id: int, timeout: float = 120) -> None:
+        """Start a node again on its ports and data."""
+        self.nodes[node_id].start(timeout)
+
+    def wait_replicated(self, timeout: float = 120, topics: list[str] | None = None) -> None:
+        """Wait until every partition of `topics` (default: all) has its full in-sync replica set again."""
+        wait_until(lambda: not self.under_replicated(topics), timeout, "a fully replicated cluster",
+                   self.nodes[1].log_file)
+
+    def under_replicated(self, topics: list[str] | None = None) -> list[tuple[str, int]]:
+        live = [n for n in self.nodes.values() if n.running]
+        described = describe_partitions(",".join(n.bootstrap_servers for n in live), topics)
+        return [(t, p) for (t, p), info in described.items() if len(info["isr"]) < len(self.nodes)]
+
+    def leader_of(self, topic: str, partition: int) -> int:
+        return describe_partitions(self._live_bootstrap(), [topic])[(topic, partition)]["leader"]
+
+    def transaction_coordinator(self, transactional_id: str) -> int:
+        return find_transaction_coordinator(self._live_bootstrap(), transactional_id)
+
+    def _live_bootstrap(self) -> str:
+        return ",".join(n.bootstrap_servers for n in self.nodes.values() if n.running)
+
+    def stop(self) -> None:
+        for node in self.nodes.values():
+            node.stop()
+
+    def __enter__(self) -> KafkaCluster:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def describe_partitions(bootstrap_servers: str, topics: list[str] | None = None) -> dict[tuple[str, int], dict]:
+    """{(topic, partition): {"leader": node id, "replicas": [...], "isr": [...]}} from a metadata request."""
+    from kafka import KafkaAdminClient
+
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap_servers.split(","), request_timeout_ms=10_000)
+    try:
+        described = admin.describe_topics(topics)
+    finally:
+        admin.close()
+    return {(t["name"], p["partition_index"]): {"leader": p["leader_id"], "replicas": list(p["replica_nodes"]),
+                                                "isr": list(p["isr_nodes"])}
+            for t in described for p in t["partitions"]}
+
+
+def find_transaction_coordinator(bootstrap_servers: str, transactional_id: str) -> int:
+    """The node id of the transaction coordinator of `transactional_id`, as the admin client finds it (a
+    FindCoordinator request of the transaction kind, then DescribeTransactions there). The id must have been
+    used by a producer already."""
+    from kafka import KafkaAdminClient
+
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap_servers.split(","), request_timeout_ms=10_000)
+    try:
+        return admin.describe_transactions([transactional_id])[transactional_id].coordinator_id
+    finally:
+        admin.close()
+
+
+def create_topic(bootstrap_servers: str, name: str, partitions: int, replication: int = -1,
                  config: dict[str, str] | None = None) -> None:
-    """Create a topic (with topic-level `config`); a topic that already exists is left as it is."""
+    """Create a topic (with topic-level `config`); a topic that already exists is left as it is. The
+    replication factor defaults to the brokers' `default.replication.factor` (1 on a single node, 3 on the
+    cluster)."""
     from kafka import KafkaAdminClient
     from kafka.admin import NewTopic
     from kafka.errors import TopicAlreadyExistsError

@@ -2,7 +2,7 @@
 which ports, and how to stop every process they started. Each service is a module of its own beside
 this one (kafka.py, postgres.py, spark.py, airflow.py); the jars come from `microbatch.runtime`.
 
-`python -m microbatch.dev.stack up|connect|down|env|jars` manages a detached stack for the demo and the UI;
+`python -m microbatch.dev.stack up|connect|down|cluster|env|jars` manages a detached stack for the demo and the UI;
 `connect` adds a Spark Connect server for pipelines in `spark.mode: connect`; `make airflow` records its
 `airflow standalone` here (`record_airflow`), and `down` stops all of it.
 """
@@ -14,13 +14,14 @@ import json
 import logging
 import os
 import secrets
+import shutil
 import signal
 import sys
 import time
 import uuid
 from pathlib import Path
 
-from microbatch.dev.kafka import KafkaBroker
+from microbatch.dev.kafka import KafkaBroker, KafkaCluster
 from microbatch.dev.postgres import DATABASE, LocalPostgres
 from microbatch.dev.process import port_open, wait_until
 from microbatch.dev.spark import SparkConnectServer
@@ -308,6 +309,21 @@ def _stop_kafka_and_postgres(state: dict) -> None:
     LocalPostgres(cache_dir() / "devstack" / "postgres", state.get("postgres_port")).stop()
 
 
+def cluster() -> None:
+    """A three-node KRaft cluster (RF 3, min.insync.replicas 2) in the foreground, until Ctrl-C: for trying a
+    pipeline against broker failures by hand. Its data is fresh each time."""
+    root = cache_dir() / "cluster"
+    shutil.rmtree(root, ignore_errors=True)
+    with KafkaCluster(root) as kafka:
+        print(f"three-broker Kafka cluster up; point pipelines at it with\n"
+              f"  export MICROBATCH_KAFKA_BOOTSTRAP={kafka.bootstrap_servers}\n"
+              f"node pids: {', '.join(f'{n}={b.pid}' for n, b in kafka.nodes.items())}; Ctrl-C stops it", flush=True)
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # unwinds the `with`: the nodes stop too
+        with contextlib.suppress(KeyboardInterrupt):
+            while True:
+                time.sleep(3600)
+
+
 def main(argv: list[str]) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     logging.getLogger("kafka").setLevel(logging.WARNING)
@@ -318,13 +334,15 @@ def main(argv: list[str]) -> int:
         connect()
     elif command == "down":
         down()
+    elif command == "cluster":
+        cluster()
     elif command == "env":
         print((cache_dir() / "devstack" / "env.sh").read_text(), end="")
     elif command == "jars":
         for kind in JAR_KINDS:
             print(f"{kind} jars: {ensure_jars(kind)}")
     else:
-        print("usage: python -m microbatch.dev.stack up|connect|down|env|jars", file=sys.stderr)
+        print("usage: python -m microbatch.dev.stack up|connect|down|cluster|env|jars", file=sys.stderr)
         return 2
     return 0
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import re
 import socket
+import time
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 
@@ -16,6 +17,7 @@ from kafka import KafkaAdminClient, KafkaConsumer, OffsetAndMetadata
 from kafka import TopicPartition as KafkaTopicPartition
 from kafka.errors import KafkaConfigurationError, KafkaError
 
+from microbatch import failpoints
 from microbatch.config import SourceSpec
 from microbatch.errors import ConnectionSettingsError, MicrobatchError, SpecError, TransientServiceError
 from microbatch.kafka.security import client_kwargs, current_security
@@ -23,6 +25,8 @@ from microbatch.types import StartupOffsets, TopicPartition
 
 log = logging.getLogger(__name__)
 _TIMEOUT_MS = 20_000
+_LOOKUP_ATTEMPTS = 4
+_LOOKUP_BACKOFF_S = 3.0
 
 
 def _listening(bootstrap_servers: str) -> bool:
@@ -180,19 +184,51 @@ def read_group_offsets(bootstrap_servers: str, group_id: str) -> dict[TopicParti
 
 
 def offset_bounds(
-    consumer: KafkaConsumer, partitions: list[TopicPartition]
+    consumer: KafkaConsumer, partitions: list[TopicPartition], failpoint: str | None = None,
+    attempts: int = _LOOKUP_ATTEMPTS,
 ) -> tuple[dict[TopicPartition, int], dict[TopicPartition, int]]:
-    """The earliest and latest offsets; under read_committed the latest is the last stable offset."""
+    """The earliest and latest offsets; under read_committed the latest is the last stable offset.
+
+    On a cluster a partition's leader can move (or its broker die) during the lookup: the client refreshes
+    its metadata and asks the new leader; a lookup that still fails is tried again, `attempts` times in all.
+    Either way the log says in one sentence which partition's leader moved. `failpoint` names a test hold
+    point between the two lookups."""
     kafka_tps = [KafkaTopicPartition(tp.topic, tp.partition) for tp in partitions]
-    try:
-        earliest = consumer.beginning_offsets(kafka_tps, timeout_ms=_TIMEOUT_MS)
-        latest = consumer.end_offsets(kafka_tps, timeout_ms=_TIMEOUT_MS)
-    except KafkaError as exc:
-        raise TransientServiceError(f"Kafka did not return offsets ({type(exc).__name__}).") from None
+    before = _leaders(consumer, kafka_tps)
+    for attempt in range(1, attempts + 1):
+        try:
+            earliest = consumer.beginning_offsets(kafka_tps, timeout_ms=_TIMEOUT_MS)
+            if failpoint:
+                failpoints.hit(failpoint)
+            latest = consumer.end_offsets(kafka_tps, timeout_ms=_TIMEOUT_MS)
+            break
+        except KafkaError as exc:
+            if attempt == attempts:
+                raise TransientServiceError(f"Kafka did not return offsets ({type(exc).__name__}) after "
+                                            f"{attempts} attempts.") from None
+            log.warning("Kafka did not return the offsets (%s: a partition leader moved or a broker is down); "
+                        "retried (attempt %s of %s)", type(exc).__name__, attempt + 1, attempts)
+            time.sleep(_LOOKUP_BACKOFF_S)
+    for moved in leader_moves(before, _leaders(consumer, kafka_tps)):
+        log.warning("%s; the offset lookup was retried on the new leader", moved)
     return (
         {TopicPartition(tp.topic, tp.partition): offset for tp, offset in earliest.items()},
         {TopicPartition(tp.topic, tp.partition): offset for tp, offset in latest.items()},
     )
+
+
+def _leaders(consumer: KafkaConsumer, kafka_tps: list[KafkaTopicPartition]) -> dict[str, int | None]:
+    """The broker that leads each partition, in the client's current metadata (kafka-python keeps it on the
+    consumer's network client; it refreshes it after a NOT_LEADER answer or a lost connection)."""
+    cluster = consumer._client.cluster  # no public accessor for leaders
+    return {f"{tp.topic}[{tp.partition}]": cluster.leader_for_partition(tp) for tp in kafka_tps}
+
+
+def leader_moves(before: Mapping[str, int | None], after: Mapping[str, int | None]) -> list[str]:
+    """One sentence per partition whose leader changed between two metadata views."""
+    return [f"the leader of {name} moved from broker {before[name]} to broker {after[name]}"
+            for name in sorted(after) if name in before and before[name] is not None
+            and after[name] is not None and after[name] != before[name]]
 
 
 def mirror_group_offsets(

@@ -92,7 +92,8 @@ def _read_broker(
     source = spec.source
     with offsets_client(bootstrap_servers, source.isolation_level) as consumer:
         partitions, missing = discover_source(consumer, source.topics or (), source.topic_pattern)
-        earliest, latest = offset_bounds(consumer, partitions) if partitions else ({}, {})
+        earliest, latest = (offset_bounds(consumer, partitions, failpoint="plan.list_offsets") if partitions
+                            else ({}, {}))
         with transaction(ledger_url) as session:
             pipeline = repo.ensure_pipeline(session, spec)
             known = repo.read_positions(session, pipeline.id)

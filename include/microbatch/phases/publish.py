@@ -18,10 +18,13 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import time
+from dataclasses import dataclass
 
 from kafka import KafkaConsumer, KafkaProducer
 from kafka import TopicPartition as KafkaTopicPartition
+from kafka.errors import KafkaError, KafkaTimeoutError, ProducerFencedError
 from sqlalchemy import text
 
 from microbatch import failpoints
@@ -36,6 +39,9 @@ log = logging.getLogger(__name__)
 SEQ_HEADER = "microbatch.seq"
 CORRECTION_HEADER = "microbatch.correction"
 _TAIL_WINDOW = 64
+_FAILOVER_ATTEMPTS = 4
+_FAILOVER_BACKOFF_S = 3.0
+_COMMIT_TIMEOUT_S = 30.0
 
 
 def _seq_of(headers: list[tuple[str, bytes]] | None) -> int | None:
@@ -148,13 +154,45 @@ def _publish_locked(sink: KafkaSink, ledger_url: str, bootstrap_servers: str, pi
         # Progress is written only after a Kafka commit, so it never runs ahead of the topic.
         return PublishResult(sink.name, sink.topic, progress, progress, 0, 0, time.monotonic() - started)
 
+    run = _PublishRun()
+    for attempt in range(1, _FAILOVER_ATTEMPTS + 1):
+        try:
+            _publish_session(sink, ledger_url, bootstrap_servers, pipeline_id, highest, run)
+            break
+        except KafkaError as exc:
+            if isinstance(exc, ProducerFencedError) or attempt == _FAILOVER_ATTEMPTS:
+                raise
+            # A broker or the transaction coordinator failed over under the open transaction: the client
+            # gives up on it (or the coordinator aborted it). A new producer with the same transactional_id
+            # finishes or aborts whatever the old one left, and the topic's committed tail says where to go on.
+            log.warning("publish %s: the transaction on %s failed in a broker failover (%s); starting a new one "
+                        "from the topic's committed tail (attempt %s of %s)", sink.name, sink.topic,
+                        type(exc).__name__, attempt + 1, _FAILOVER_ATTEMPTS)
+            time.sleep(_FAILOVER_BACKOFF_S)
+    assert run.resumed_after is not None
+    return PublishResult(sink.name, sink.topic, run.resumed_after, run.last, run.last - run.resumed_after,
+                         run.transactions, time.monotonic() - started)
+
+
+@dataclass
+class _PublishRun:
+    """What the producers of one publish task did, across failovers."""
+    resumed_after: int | None = None  # the committed tail the first producer found
+    last: int = 0
+    transactions: int = 0
+
+
+def _publish_session(sink: KafkaSink, ledger_url: str, bootstrap_servers: str, pipeline_id: int,
+                     highest: int, run: _PublishRun) -> None:
+    """One producer: fence, read the committed tail, send the rest in transactions; `run` keeps count."""
     producer = KafkaProducer(bootstrap_servers=bootstrap_servers.split(","), transactional_id=sink.transactional_id,
                              acks="all", linger_ms=5, client_id=f"microbatch-publisher-{sink.name}",
                              **client_kwargs())
-    transactions = records = 0
     try:
         producer.init_transactions()  # fences older producers with this id and aborts their open transaction
-        last = resumed_after = last_published_seq(bootstrap_servers, sink.topic)
+        last = run.last = last_published_seq(bootstrap_servers, sink.topic)
+        if run.resumed_after is None:
+            run.resumed_after = last
         log.info("publish %s: the topic %s holds sequences up to %s (read_committed tail); outbox ends at %s",
                  sink.name, sink.topic, last, highest)
         while True:
@@ -170,17 +208,37 @@ def _publish_locked(sink: KafkaSink, ledger_url: str, bootstrap_servers: str, pi
                     headers.append((CORRECTION_HEADER, b"1"))  # a backfill changed an already final window
                 producer.send(sink.topic, key=(key or "").encode(), value=json.dumps(value, sort_keys=True).encode(),
                               headers=headers)
-            producer.flush()
+            producer.flush(timeout=_COMMIT_TIMEOUT_S)
             failpoints.hit("publish.before_commit")
-            producer.commit_transaction()
-            last = rows[-1][0]
-            transactions += 1
-            records += len(rows)
+            _commit_within(producer, _COMMIT_TIMEOUT_S)
+            last = run.last = rows[-1][0]
+            run.transactions += 1
             failpoints.hit("publish.after_commit")
             _record_progress(ledger_url, pipeline_id, sink.name, last)
-            log.info("  transaction %s: sequences %s..%s committed", transactions, rows[0][0], last)
+            log.info("  transaction %s: sequences %s..%s committed", run.transactions, rows[0][0], last)
             failpoints.hit("publish.between_transactions")
     finally:
         producer.close(timeout=10)
-    return PublishResult(sink.name, sink.topic, resumed_after, last, records, transactions,
-                         time.monotonic() - started)
+
+
+def _commit_within(producer: KafkaProducer, timeout_s: float) -> None:
+    """`commit_transaction()`, bounded. kafka-python waits on the commit without a timeout, and when the
+    transaction coordinator dies under it, it can wait forever (seen with 3.0.12: the EndTxn is never sent to
+    the new coordinator). Past `timeout_s` this raises KafkaTimeoutError, and the caller starts a new
+    producer with the same transactional_id: its init_transactions() bumps the epoch, which fences this one
+    and has the coordinator finish or abort the transaction; the topic's committed tail then says which."""
+    errors: list[BaseException] = []
+
+    def commit() -> None:
+        try:
+            producer.commit_transaction()
+        except BaseException as exc:  # handed to the caller's thread below
+            errors.append(exc)
+
+    committer = threading.Thread(target=commit, name="microbatch-commit", daemon=True)
+    committer.start()
+    committer.join(timeout_s)
+    if committer.is_alive():
+        raise KafkaTimeoutError(f"the transaction commit did not complete within {timeout_s:.0f}s")
+    if errors:
+        raise errors[0]

@@ -218,6 +218,7 @@ def _stage_locked(
     keep_observed_metrics(spark)
     parsed = job.parse(records, spec.job.options, current.state_before)
     jdbc = jdbc_options(ledger_url)
+    failpoints.hit("stage.before_read")  # the Spark job below reads Kafka
     values, rows_by_sink, read_seconds = _stage_outputs(spec, job, parsed, current, jdbc, ledger_url)
     failpoints.hit("stage.after_read")
 

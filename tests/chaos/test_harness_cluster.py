@@ -1,0 +1,38 @@
+"""The fast subset of the chaos harness on a three-broker KRaft cluster (RF 3, min.insync.replicas 2): one
+SIGKILL of each cluster fault kind while ip_count runs continuously over six source partitions, then every
+exactly-once check of the full harness must pass."""
+
+from __future__ import annotations
+
+import signal
+
+import pytest
+
+from tests.chaos.harness import Harness, print_report
+
+pytestmark = pytest.mark.chaos
+
+SCHEDULE = [
+    ("kill the leader of a source partition as the stage reads it", signal.SIGKILL),
+    ("kill the leader of an output partition inside a publisher transaction", signal.SIGKILL),
+    ("kill the transaction coordinator of the sink's transactional_id", signal.SIGKILL),
+    ("kill a broker while plan lists offsets", signal.SIGKILL),
+    ("take two brokers down at once (min.insync.replicas 2 refuses writes)", signal.SIGKILL),
+]
+
+
+def test_chaos_cluster_fast_subset(tmp_path):
+    harness = Harness(tmp_path, records=6_000, chunks=len(SCHEDULE), batch_size=6_000, seed=11,
+                      liveness_bound_s=300, cluster=True, partitions=6)
+    assert set(harness.fault_kinds()) == {name for name, _ in SCHEDULE}  # every cluster kind, once
+    harness.start()
+    try:
+        checks = harness.run(SCHEDULE, spacing_s=(0.5, 1))
+    finally:
+        harness.close()
+    print_report(harness, checks)
+    assert all(f.done for f in harness.faults), [(f.name, f.detail) for f in harness.faults]
+    two_down = next(f for f in harness.faults if f.name.startswith("take two brokers down"))
+    assert "not acknowledged" in two_down.detail, two_down.detail  # min.insync.replicas 2 held meanwhile
+    failed = [(c.name, c.detail) for c in checks if not c.ok]
+    assert not failed, failed
