@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 export PYTHONPATH := $(CURDIR)/include:$(CURDIR)
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: demo test unit integration e2e lint jars venv airflow connect down bench chaos chaos-cluster cluster soak clean browser docs
+.PHONY: demo test unit integration e2e lint jars venv airflow connect down bench chaos chaos-cluster cluster soak clean browser prometheus docs
 
 $(STAMP): requirements.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -24,13 +24,17 @@ jars: $(STAMP)
 demo: jars
 	$(PY) -m microbatch.cli demo
 
-test: jars browser docs
+test: jars browser prometheus docs
 	$(PY) -m ruff check .
 	$(PY) -m pytest -p no:cacheprovider --timeout=900 --durations=15 tests
 
 # Debian's chromium, for the browser test of the ledger page (Playwright drives it; no browser download).
 browser:
 	command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium)
+
+# Debian's Prometheus server, which the metrics test starts on loopback to scrape `microbatch metrics`.
+prometheus:
+	command -v prometheus >/dev/null || (apt-get update -qq && apt-get install -y -qq prometheus)
 
 # The docs site (mkdocs-material) into site/; --strict: a broken link, anchor or included file fails the build.
 # The spec and CLI references are generated from the code on the way (docs/hooks.py).

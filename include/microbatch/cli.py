@@ -187,6 +187,33 @@ def run(
 
 
 @app.command()
+def metrics() -> None:
+    """Serve the ledger's metrics (records read per partition, rows staged, dead and late records, lag, step
+    seconds, batches by state, published records and the outbox backlog) through OpenTelemetry: a Prometheus
+    endpoint on MICROBATCH_METRICS_HOST:MICROBATCH_METRICS_PORT (127.0.0.1:9464), or OTLP with
+    MICROBATCH_METRICS_EXPORTER=otlp. Runs until stopped."""
+    import signal as signals
+
+    from microbatch.settings import metrics_settings
+    from microbatch.telemetry import start
+
+    settings = metrics_settings()
+    url = _ledger_url()
+    provider = start(lambda: url, settings)
+    where = (f"http://{settings.host}:{settings.port}/metrics" if settings.exporter == "prometheus"
+             else "the OTLP endpoint of OTEL_EXPORTER_OTLP_ENDPOINT")
+    console.print(f"serving the ledger's metrics at {where}; Ctrl-C stops", highlight=False)
+    signals.signal(signals.SIGTERM, lambda *_: sys.exit(0))
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        provider.shutdown()
+
+
+@app.command()
 def maintain(pipeline: str) -> None:
     """Run the pipeline's maintenance DAG now: compact each Delta table's small files, then vacuum the files no
     retained version needs (the same as triggering <pipeline>__maintenance in the UI)."""

@@ -201,3 +201,33 @@ def spark_remote(conn_id: str, lookup: Lookup | None = None) -> str:
             "default).",
         )
     return conn.url
+
+
+METRICS_ENV_PREFIX = "MICROBATCH_METRICS_"
+
+
+class MetricsSettings(BaseModel):
+    """Where `microbatch metrics` sends the ledger's metrics: a Prometheus scrape endpoint on `host:port`
+    (loopback unless told otherwise), or an OTLP collector (the OpenTelemetry SDK's own `OTEL_EXPORTER_OTLP_*`
+    variables say where) every `interval_s` seconds."""
+
+    model_config = ConfigDict(extra="forbid")
+    exporter: Literal["prometheus", "otlp"] = "prometheus"
+    host: str = "127.0.0.1"
+    port: int = 9464
+    interval_s: float = 15.0
+
+
+def metrics_settings(environ: Mapping[str, str] | None = None) -> MetricsSettings:
+    """`MICROBATCH_METRICS_EXPORTER`, `_HOST`, `_PORT` and `_INTERVAL_S`; a bad value is one sentence."""
+    environ = os.environ if environ is None else environ
+    values = {key.removeprefix(METRICS_ENV_PREFIX).lower(): value for key, value in environ.items()
+              if key.startswith(METRICS_ENV_PREFIX)}
+    try:
+        return MetricsSettings(**values)
+    except ValidationError as exc:
+        field_name, message = first_validation_error(exc)
+        raise ConnectionSettingsError(
+            f"{METRICS_ENV_PREFIX}{field_name.upper()} is not valid: {message}.",
+            fix="Set MICROBATCH_METRICS_EXPORTER to prometheus or otlp, and MICROBATCH_METRICS_PORT to a port "
+                "number.") from None

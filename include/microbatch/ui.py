@@ -1,4 +1,5 @@
-"""The ledger page of the Airflow UI: a small FastAPI app rendered on the server (HTML + CSS, no JS).
+"""The ledger page of the Airflow UI: a small FastAPI app rendered on the server (HTML + CSS), with plotly
+charts of one pipeline's history (`microbatch.charts`; plotly.js is served by this app, from the wheel).
 
 It reads the ledger through `ledger.queries`, the same code as `microbatch status/history`, and
 asks Kafka for the latest offsets with a short deadline, so a broker that is down only blanks the
@@ -20,7 +21,7 @@ from html import escape
 from typing import Any
 from urllib.parse import quote
 
-from fastapi import Depends, FastAPI, HTTPException, Request
+from fastapi import Depends, FastAPI, HTTPException, Query, Request
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from sqlalchemy.exc import OperationalError
 
@@ -37,6 +38,8 @@ PAGE_PATH = "/ledger"
 JSON_PATH = "/api/ledger"
 # The backfill DAG of a pipeline is `<pipeline>__backfill` (see phases.backfill); the scheduled one is `<pipeline>`.
 BACKFILL_DAG_SUFFIX = "__backfill"
+PLOTLY_JS_PATH = "/static/plotly.min.js"  # the app's own copy of plotly.js: the page needs no internet
+DEFAULT_RANGE = "1d"
 
 
 @dataclass(frozen=True)
@@ -174,6 +177,8 @@ th{background:#f7fafc} td.num{text-align:right;font-variant-numeric:tabular-nums
 .state-committed{color:#2f855a} .state-failed,.state-abandoned{color:#c53030}
 .state-planned,.state-staged{color:#b7791f}
 .lag-0{color:#2f855a} .lag-pos{color:#c05621;font-weight:600} a{color:#017cee}
+.pickers a{margin-right:.4rem} .pickers a.current{font-weight:700;color:#1a202c;text-decoration:none}
+.charts{display:grid;grid-template-columns:repeat(auto-fit,minmax(560px,1fr));gap:.5rem 1rem}
 """
 
 
@@ -249,17 +254,48 @@ def _pipeline_html(view: PipelineView, airflow_root: str) -> str:
     return "".join(parts)
 
 
-def render_page(views: list[PipelineView], airflow_root: str = "../") -> str:
-    """The whole page. `airflow_root` prefixes DAG run links (relative, so it works behind a proxy path)."""
+def _charts_html(names: list[str], pipeline: str, range_key: str, charts: str) -> str:
+    """The charts of one pipeline, with links that pick the pipeline and the time range."""
+    from microbatch.charts import RANGE_NAMES
+
+    def link(label: str, to_pipeline: str, to_range: str, current: bool) -> str:
+        href = escape(f"ledger?pipeline={quote(to_pipeline, safe='')}&range={to_range}")
+        return f'<a href="{href}" class="{"current" if current else ""}">{escape(label)}</a>'
+
+    pipelines = " ".join(link(n, n, range_key, n == pipeline) for n in names)
+    ranges = " ".join(link(label, pipeline, key, key == range_key) for key, label in RANGE_NAMES.items())
+    return (f'<section id="charts" data-charts="{escape(pipeline)}" data-range="{range_key}">'
+            f'<h2>Charts: {escape(pipeline)}</h2><p class="pickers">pipeline: {pipelines}'
+            f' &nbsp;·&nbsp; time range: {ranges}</p><div class="charts">{charts}</div></section>')
+
+
+def render_page(views: list[PipelineView], airflow_root: str = "../", charts: str = "") -> str:
+    """The whole page. `airflow_root` prefixes DAG run links (relative, so it works behind a proxy path);
+    `charts` is the charts section (`_charts_html`), if any."""
     body = "".join(_pipeline_html(v, airflow_root) for v in views) or (
         '<p class="muted">The ledger has no pipeline yet: run one first.</p>')
+    script = f'<script src="{PLOTLY_JS_PATH.lstrip("/")}"></script>' if charts else ""
     return (
         '<!doctype html><html lang="en"><head><meta charset="utf-8"><title>microbatch ledger</title>'
-        f'<meta name="viewport" content="width=device-width, initial-scale=1"><style>{CSS}</style></head><body>'
-        '<h1>microbatch offset ledger</h1><p class="muted">Positions, lag, batches, gaps and backfills, read from '
-        f'the ledger database (the same queries as <code>microbatch status</code>). <a href="api/ledger">JSON</a></p>'
-        f"{body}</body></html>"
+        f'<meta name="viewport" content="width=device-width, initial-scale=1"><style>{CSS}</style>{script}</head>'
+        '<body><h1>microbatch offset ledger</h1><p class="muted">Positions, lag, batches, gaps and backfills, read '
+        'from the ledger database (the same queries as <code>microbatch status</code>). '
+        f'<a href="api/ledger">JSON</a></p>{charts}{body}</body></html>'
     )
+
+
+def charts_section(sources: LedgerSources, names: list[str], pipeline: str | None, range_key: str) -> str:
+    """The charts section for `pipeline` (default: the first in the ledger) over `range_key`."""
+    from microbatch.charts import chart_divs
+
+    if not names:
+        return ""
+    pipeline = pipeline if pipeline in names else names[0]
+    with transaction(sources.ledger_url()) as session:
+        pid = queries.pipeline_id(session, pipeline)
+        assert pid is not None
+        data = queries.chart_data(session, pid, range_key)
+    return _charts_html(names, pipeline, range_key, chart_divs(pipeline, data))
 
 
 def _error_page(message: str) -> str:
@@ -285,12 +321,23 @@ def create_app(
         return JSONResponse({"detail": exc.detail}, status_code=exc.status_code, headers=exc.headers)
 
     @app.get(PAGE_PATH, response_class=HTMLResponse, dependencies=[Depends(auth)])
-    def ledger_page() -> HTMLResponse:
+    def ledger_page(pipeline: str | None = None,
+                    range_key: str = Query(DEFAULT_RANGE, alias="range")) -> HTMLResponse:
+        if range_key not in queries.CHART_RANGES:
+            range_key = DEFAULT_RANGE  # a hand-edited URL gets the default range, not an error page
         try:
             views = ledger_report(sources)
+            charts = charts_section(sources, [v.name for v in views], pipeline, range_key)
         except MicrobatchError as exc:
             return HTMLResponse(_error_page(str(exc)), status_code=503)
-        return HTMLResponse(render_page(views))
+        return HTMLResponse(render_page(views, charts=charts))
+
+    @app.get(PLOTLY_JS_PATH, dependencies=[Depends(auth)], include_in_schema=False)
+    def plotly_script() -> Response:
+        from microbatch.charts import plotly_js
+
+        return Response(plotly_js(), media_type="application/javascript",
+                        headers={"Cache-Control": "private, max-age=86400"})
 
     @app.get(JSON_PATH, dependencies=[Depends(auth)])
     def ledger_json() -> JSONResponse:

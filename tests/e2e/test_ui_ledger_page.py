@@ -14,7 +14,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit
 
 import pytest
 from sqlalchemy import text
@@ -148,6 +148,8 @@ def test_ledger_page_shows_the_ledger_behind_airflow_login(airflow_server, servi
         browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         try:
             page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            requested: list[str] = []
+            page.on("request", lambda request: requested.append(request.url))
             page.goto(f"{base}/microbatch/ledger")
             page.wait_for_url("**/auth/login**")
             page.fill("input[name=username]", login["user"])
@@ -185,6 +187,8 @@ def test_ledger_page_shows_the_ledger_behind_airflow_login(airflow_server, servi
             backfills = section.locator("table[data-table=backfills] tr[data-batch]")
             assert backfills.count() == 1 and BACKFILL_RUN in backfills.inner_text()
 
+            check_charts(page, url, tmp_path)
+
             # The link resolves to the Airflow UI's DAG run page.
             first_link = section.locator(f'table[data-table=batches] a:text-is("{RUN_1}")')
             assert first_link.evaluate("a => a.href") == f"{base}/dags/ip_count/runs/{quote(RUN_1, safe='')}"
@@ -207,9 +211,40 @@ def test_ledger_page_shows_the_ledger_behind_airflow_login(airflow_server, servi
             page.screenshot(path=str(tmp_path / "ledger_in_airflow_ui.png"), full_page=True)
         finally:
             browser.close()
+    hosts = {urlsplit(u).hostname for u in requested if urlsplit(u).scheme in ("http", "https", "ws", "wss")}
+    assert hosts == {"127.0.0.1"}, hosts  # plotly.js and everything else came from this machine
     print(f"ledger page screenshot: {screenshot}")
     assert screenshot.stat().st_size > 10_000
     backfill_through_the_rest_api(airflow_server, url, topic)
+
+
+def check_charts(page, url: str, tmp_path: Path) -> None:
+    """The charts drew (plotly made their SVG) with the ledger's numbers: the records chart's bars times
+    their batch counts add up to the committed batches' records, and the lag chart's highest total is the
+    highest sum of one plan's snapshots, each read here with SQL."""
+    charts = page.locator("section#charts")
+    assert charts.get_attribute("data-charts") == "ip_count"
+    for name in ("lag", "records", "steps", "bad"):
+        page.locator(f"#chart-{name} .main-svg").first.wait_for(timeout=20_000)
+    bars = page.evaluate("() => document.getElementById('chart-records').data[0]")
+    plotted = round(sum(y * n for y, n in zip(bars["y"], bars["customdata"], strict=True)))
+    totals = page.evaluate("() => document.getElementById('chart-lag').data.find(t => t.name === 'total').y")
+    with transaction(url) as session:
+        records = session.execute(text("SELECT sum((counts->>'records')::int) FROM batches "
+                                       "WHERE state = 'committed'")).scalar_one()
+        highest = session.execute(text("SELECT max(total) FROM (SELECT sum(lag) AS total FROM lag_snapshots "
+                                       "GROUP BY planned_at) plans")).scalar_one()
+    assert plotted == records and records > 0
+    assert max(totals) == highest
+    charts.screenshot(path=str(tmp_path / "ledger_charts.png"))
+    assert (tmp_path / "ledger_charts.png").stat().st_size > 10_000
+    # The time range is a link: the week's view draws the same batches.
+    page.locator("section#charts a", has_text="last week").click()
+    page.wait_for_url("**range=7d**")
+    page.locator("#chart-records .main-svg").first.wait_for(timeout=20_000)
+    week = page.evaluate("() => document.getElementById('chart-records').data[0]")
+    assert round(sum(y * n for y, n in zip(week["y"], week["customdata"], strict=True))) == records
+    page.goto(page.url.split("?")[0])
 
 
 def backfill_through_the_rest_api(server: AirflowStandalone, url: str, topic: str) -> None:

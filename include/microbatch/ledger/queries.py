@@ -7,7 +7,7 @@ table, JSON or a web page.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import text
@@ -250,3 +250,159 @@ def sink_view(session: Session, pipeline: int, table: str, order_by: list[str], 
         "SELECT (SELECT count(*) FROM dead_letters WHERE pipeline_id = :p), "
         "(SELECT count(*) FROM late_records WHERE pipeline_id = :p)"), {"p": pipeline}).one()
     return SinkView(columns, rows, total_rows, dict(zip(sum_columns, sums, strict=True)), dead, late)
+
+
+# ---- charts: the ledger page's series, bucketed in the database --------------------------------------
+
+CHART_RANGES = {"1h": 3600, "1d": 86_400, "7d": 604_800}
+"""The page's time ranges (last hour, day, week), in seconds."""
+CHART_BUCKETS = 120
+"""Points per series at most: the database sums each range into this many buckets of equal width."""
+STEP_KEYS = ("plan_s", "read_s", "stage_write_s", "commit_s", "publish_s")
+"""The step seconds a batch records (`batches.timings`), in the order the chart stacks them."""
+
+
+@dataclass
+class LagPoint:
+    at: datetime
+    partition: str  # "topic[p]", or "total" for the sum over the pipeline's partitions
+    lag: int  # the highest lag a plan saw in the bucket
+
+
+@dataclass
+class BatchPoint:
+    at: datetime  # the bucket's start (by commit time)
+    batches: int
+    records: int
+    dead_letters: int
+    late_records: int
+    records_per_s: float | None  # records / (read + stage write seconds)
+    steps: dict[str, float]  # STEP_KEYS -> mean seconds per batch in the bucket
+
+
+@dataclass
+class ChartData:
+    range_key: str
+    since: datetime
+    until: datetime
+    bucket_s: int
+    lag: list[LagPoint]
+    batches: list[BatchPoint]
+
+
+def bucket_seconds(range_key: str, buckets: int = CHART_BUCKETS) -> int:
+    """The width of one bucket for a range: its length over `buckets`, at least one second."""
+    if range_key not in CHART_RANGES:
+        raise ValueError(f"range must be one of {', '.join(CHART_RANGES)}, not {range_key!r}")
+    return max(1, CHART_RANGES[range_key] // buckets)
+
+
+def chart_data(session: Session, pipeline: int, range_key: str, now: datetime | None = None) -> ChartData:
+    """The series of the ledger page's charts for one pipeline over the last hour, day or week: lag per
+    partition and in total (from `lag_snapshots`, as each plan saw it), and per committed batch its records,
+    dead and late records, records per second and step seconds. Everything is bucketed by the database,
+    so the page stays the same size however long the history is."""
+    bucket = bucket_seconds(range_key)
+    now = now or session.execute(text("SELECT now()")).scalar_one()
+    since = now - timedelta(seconds=CHART_RANGES[range_key])
+    params = {"p": pipeline, "since": since, "bucket": bucket}
+    binned = "date_bin(make_interval(secs => :bucket), {column}, CAST(:since AS timestamptz))"
+    lag_rows = session.execute(text(
+        f"SELECT {binned.format(column='planned_at')} AS at, topic || '[' || partition || ']' AS name, "
+        "max(lag) FROM lag_snapshots WHERE pipeline_id = :p AND planned_at >= :since "
+        "GROUP BY 1, 2 ORDER BY 1, 2"), params).all()
+    total_rows = session.execute(text(
+        f"SELECT {binned.format(column='planned_at')} AS at, max(total) FROM ("
+        "SELECT planned_at, sum(lag) AS total FROM lag_snapshots WHERE pipeline_id = :p AND planned_at >= :since "
+        "GROUP BY planned_at) plans GROUP BY 1 ORDER BY 1"), params).all()
+    steps = ", ".join(f"avg(coalesce((timings->>'{key}')::float8, 0))" for key in STEP_KEYS)
+    batch_rows = session.execute(text(
+        f"SELECT {binned.format(column='committed_at')} AS at, count(*), "
+        "sum(coalesce((counts->>'records')::bigint, 0)), sum(coalesce((counts->>'dead_letters')::bigint, 0)), "
+        "sum(coalesce((counts->>'late_records')::bigint, 0)), "
+        "sum(coalesce((counts->>'records')::bigint, 0)) / nullif(sum(coalesce((timings->>'read_s')::float8, 0) "
+        f"+ coalesce((timings->>'stage_write_s')::float8, 0)), 0), {steps} "
+        "FROM batches WHERE pipeline_id = :p AND state = 'committed' AND committed_at >= :since "
+        "GROUP BY 1 ORDER BY 1"), params).all()
+    return ChartData(
+        range_key=range_key, since=since, until=now, bucket_s=bucket,
+        lag=[LagPoint(at, name, int(lag)) for at, name, lag in lag_rows]
+        + [LagPoint(at, "total", int(total)) for at, total in total_rows],
+        batches=[BatchPoint(row[0], int(row[1]), int(row[2]), int(row[3]), int(row[4]),
+                            None if row[5] is None else float(row[5]),
+                            {key: float(value) for key, value in zip(STEP_KEYS, row[6:], strict=True)})
+                 for row in batch_rows],
+    )
+
+
+# ---- metrics: the ledger's running totals, for the metrics exporter ---------------------------------
+
+
+@dataclass
+class MetricRow:
+    """One value of one metric with its attributes (pipeline, and topic/partition, kind, step or sink)."""
+
+    metric: str
+    value: float
+    attributes: dict[str, str | int]
+
+
+_METRIC_QUERIES = {
+    # Records each committed batch read, per partition (the stage's count; transaction markers excluded).
+    "records_read": "SELECT p.name, b.kind, split_part(e.key, '[', 1), "
+                    "CAST(rtrim(split_part(e.key, '[', 2), ']') AS int), sum(CAST(e.value AS bigint)) "
+                    "FROM batches b JOIN pipelines p ON p.id = b.pipeline_id "
+                    "CROSS JOIN LATERAL jsonb_each_text(coalesce(b.counts->'records_by_partition', '{}')) e "
+                    "WHERE b.state = 'committed' GROUP BY 1, 2, 3, 4",
+    "rows_staged": "SELECT p.name, b.kind, e.key, sum(CAST(e.value AS bigint)) "
+                   "FROM batches b JOIN pipelines p ON p.id = b.pipeline_id "
+                   "CROSS JOIN LATERAL jsonb_each_text(coalesce(b.counts->'rows_by_sink', '{}')) e "
+                   "WHERE b.state = 'committed' GROUP BY 1, 2, 3",
+    "bad_records": "SELECT p.name, b.kind, sum(coalesce(CAST(b.counts->>'dead_letters' AS bigint), 0)), "
+                   "sum(coalesce(CAST(b.counts->>'late_records' AS bigint), 0)) "
+                   "FROM batches b JOIN pipelines p ON p.id = b.pipeline_id WHERE b.state = 'committed' "
+                   "GROUP BY 1, 2",
+    "batches": "SELECT p.name, b.kind, b.state, count(*) FROM batches b JOIN pipelines p ON p.id = b.pipeline_id "
+               "GROUP BY 1, 2, 3",
+    "step_seconds": "SELECT p.name, b.kind, e.key, sum(CAST(e.value AS float8)) "
+                    "FROM batches b JOIN pipelines p ON p.id = b.pipeline_id "
+                    "CROSS JOIN LATERAL jsonb_each_text(b.timings) e "
+                    "WHERE b.state = 'committed' AND right(e.key, 2) = '_s' AND e.key <> 'stage_total_s' "
+                    "GROUP BY 1, 2, 3",
+    # The lag each partition had at its latest plan, before that batch read.
+    "lag": "SELECT DISTINCT ON (s.pipeline_id, s.topic, s.partition) p.name, s.topic, s.partition, s.lag "
+           "FROM lag_snapshots s JOIN pipelines p ON p.id = s.pipeline_id "
+           "ORDER BY s.pipeline_id, s.topic, s.partition, s.id DESC",
+    "published": "SELECT p.name, o.sink, coalesce(pp.last_seq, 0), max(o.seq) FROM outbox o "
+                 "JOIN pipelines p ON p.id = o.pipeline_id LEFT JOIN publish_progress pp "
+                 "ON pp.pipeline_id = o.pipeline_id AND pp.sink = o.sink GROUP BY 1, 2, 3",
+}
+
+
+def metric_rows(session: Session) -> list[MetricRow]:
+    """Every metric the exporter serves, from the ledger's committed history: totals only grow (a replay's
+    superseded batch stays counted: it was read), so they behave as Prometheus counters."""
+    rows: list[MetricRow] = []
+
+    def run(name: str) -> list[Any]:
+        return list(session.execute(text(_METRIC_QUERIES[name])).all())
+
+    for pipeline, kind, topic, partition, value in run("records_read"):
+        rows.append(MetricRow("records_read", value, {"pipeline": pipeline, "batch_kind": kind, "topic": topic,
+                                                      "partition": partition}))
+    for pipeline, kind, sink, value in run("rows_staged"):
+        rows.append(MetricRow("rows_staged", value, {"pipeline": pipeline, "batch_kind": kind, "sink": sink}))
+    for pipeline, kind, dead, late in run("bad_records"):
+        rows.append(MetricRow("dead_letters", dead, {"pipeline": pipeline, "batch_kind": kind}))
+        rows.append(MetricRow("late_records", late, {"pipeline": pipeline, "batch_kind": kind}))
+    for pipeline, kind, state, value in run("batches"):
+        rows.append(MetricRow("batches", value, {"pipeline": pipeline, "batch_kind": kind, "state": state}))
+    for pipeline, kind, key, value in run("step_seconds"):
+        rows.append(MetricRow("step_seconds", value, {"pipeline": pipeline, "batch_kind": kind,
+                                                      "step": key.removesuffix("_s")}))
+    for pipeline, topic, partition, value in run("lag"):
+        rows.append(MetricRow("lag", value, {"pipeline": pipeline, "topic": topic, "partition": partition}))
+    for pipeline, sink, published, highest in run("published"):
+        rows.append(MetricRow("records_published", published, {"pipeline": pipeline, "sink": sink}))
+        rows.append(MetricRow("outbox_backlog", max(0, highest - published), {"pipeline": pipeline, "sink": sink}))
+    return rows

@@ -170,8 +170,25 @@ def _publish_locked(sink: KafkaSink, ledger_url: str, bootstrap_servers: str, pi
                         type(exc).__name__, attempt + 1, _FAILOVER_ATTEMPTS)
             time.sleep(_FAILOVER_BACKOFF_S)
     assert run.resumed_after is not None
+    seconds = time.monotonic() - started
+    if run.last > run.resumed_after:
+        _record_publish_seconds(ledger_url, pipeline_id, sink.name, run.resumed_after, run.last, seconds)
     return PublishResult(sink.name, sink.topic, run.resumed_after, run.last, run.last - run.resumed_after,
-                         run.transactions, time.monotonic() - started)
+                         run.transactions, seconds)
+
+
+def _record_publish_seconds(ledger_url: str, pipeline_id: int, sink: str, after: int, last: int,
+                            seconds: float) -> None:
+    """Add this publish's seconds to `timings.publish_s` of each batch whose outbox rows it carried (for the
+    ledger page's step chart; a publish that carried several batches counts for each)."""
+    with transaction(ledger_url) as session:
+        session.execute(
+            text("UPDATE batches SET timings = timings || jsonb_build_object('publish_s', "
+                 "round(CAST(coalesce((timings->>'publish_s')::float8, 0) + :s AS numeric), 3)) "
+                 "WHERE id IN (SELECT DISTINCT batch_id FROM outbox WHERE pipeline_id = :p AND sink = :k "
+                 "AND seq > :a AND seq <= :z)"),
+            {"s": seconds, "p": pipeline_id, "k": sink, "a": after, "z": last},
+        )
 
 
 @dataclass
