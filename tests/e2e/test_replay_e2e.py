@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from collections import Counter
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import pytest
 import yaml
@@ -50,9 +51,35 @@ def plan_lines(output: str) -> list[str]:
                   for line in output.splitlines() if "  to replay " in line)
 
 
+def check_lineage(url: str, events_file: Path, superseded: list) -> None:
+    """One OpenLineage event per committed batch (scheduled and replay), sent by the commit tasks through the
+    provider: its offset-range facet equals the ledger's ranges of the batch, and a replay's event names the
+    batches it supersedes."""
+    events = [json.loads(line) for line in events_file.read_text().splitlines()]
+    ours = {e["run"]["facets"]["microbatch_batch"]["batchId"]: e for e in events
+            if e["job"]["name"] == "microbatch.ip_count"}
+    with transaction(url) as session:
+        committed = dict(session.execute(text("SELECT id, kind FROM batches WHERE state = 'committed'")).all())
+        ranges = session.execute(text("SELECT batch_id, partition, start_offset, end_offset FROM ranges "
+                                      "ORDER BY batch_id, partition, start_offset")).all()
+    assert set(ours) == set(committed), (sorted(ours), sorted(committed))
+    for batch_id, event in ours.items():
+        [source] = event["inputs"]
+        facet = [(r["partition"], r["start"], r["end"]) for r in source["inputFacets"]["microbatch_offsetRanges"]
+                 ["ranges"]]
+        assert facet == [tuple(r[1:]) for r in ranges if r[0] == batch_id], batch_id
+        batch = event["run"]["facets"]["microbatch_batch"]
+        assert batch["kind"] == committed[batch_id]
+        assert batch["supersedes"] == sorted(old for old, by, _ in superseded if by == batch_id)
+    assert sum(1 for e in ours.values() if e["run"]["facets"]["microbatch_batch"]["supersedes"]) == len(
+        {by for _, by, _ in superseded})
+
+
 def test_replay_one_partition_after_a_transform_change(service_env, topic, kafka, ledger_url, tmp_path):
     specs = write_test_spec(tmp_path / "pipelines", topic, max_records=800, bootstrap=kafka.bootstrap_servers)
-    env = {**service_env, "MICROBATCH_PIPELINES_DIR": str(specs)}
+    lineage_file = tmp_path / "openlineage.jsonl"  # Airflow's OpenLineage provider, with its file transport
+    env = {**service_env, "MICROBATCH_PIPELINES_DIR": str(specs), "AIRFLOW__OPENLINEAGE__TRANSPORT": json.dumps(
+        {"type": "file", "log_file_path": str(lineage_file), "append": True})}
     lines = generate_lines(2_400, ips=12, span_seconds=40, malformed=0.03, seed=51,
                            start=datetime(2026, 11, 22, 13, 0, 0, tzinfo=UTC))
     coords = produce_lines(kafka.bootstrap_servers, topic, lines)
@@ -132,6 +159,7 @@ def test_replay_one_partition_after_a_transform_change(service_env, topic, kafka
     assert {row["kind"] for row in history if row["id"] > b2} >= {"replay"}
     audit = cli(env, "verify", "ip_count")
     assert audit.returncode == 0, audit.stdout
+    check_lineage(ledger_url, lineage_file, superseded)
 
     # Final windows whose count changed are published again as corrections, with the new count.
     published = read_output(kafka.bootstrap_servers, f"{topic}_out")

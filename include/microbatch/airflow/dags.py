@@ -170,6 +170,7 @@ def _commit_task(spec: PipelineSpec) -> Any:
 
     @task(task_id="commit", outlets=assets)
     def commit(batch_ids: int | str, **context: Any) -> list[dict[str, Any]]:
+        from microbatch.airflow.lineage import emit_committed
         from microbatch.failpoints import hit
         from microbatch.kafka.offsets import mirror_group_offsets
         from microbatch.ledger.database import transaction
@@ -183,6 +184,8 @@ def _commit_task(spec: PipelineSpec) -> Any:
                 result = commit_batch(session, spec, batch_id, context.get("run_id"))
             hit("commit.after_commit")
             log_commit_summary(log, spec.name, result)
+            emit_committed(spec, result, url,
+                           lambda: resolved(hooks.kafka_settings, spec.source.connection).bootstrap_servers)
             if spec.source.commit_group_offsets and result.moves:
                 kafka = resolved(hooks.kafka_settings, spec.source.connection)
                 with security_scope(kafka.security):
