@@ -178,7 +178,7 @@ th{background:#f7fafc} td.num{text-align:right;font-variant-numeric:tabular-nums
 .state-planned,.state-staged{color:#b7791f}
 .lag-0{color:#2f855a} .lag-pos{color:#c05621;font-weight:600} a{color:#017cee}
 .pickers a{margin-right:.4rem} .pickers a.current{font-weight:700;color:#1a202c;text-decoration:none}
-.charts{display:grid;grid-template-columns:repeat(auto-fit,minmax(560px,1fr));gap:.5rem 1rem}
+.charts{display:grid;grid-template-columns:repeat(auto-fill,minmax(560px,1fr));gap:.5rem 1rem}
 """
 
 

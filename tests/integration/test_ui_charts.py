@@ -80,18 +80,19 @@ def test_chart_series_equal_a_recount(ledger_url):
         for key in queries.STEP_KEYS:
             assert point.steps[key] == pytest.approx(sum(r["steps"].get(key, 0) for r in rows) / len(rows))
 
-    lag = defaultdict(int)
-    totals: dict[datetime, int] = defaultdict(int)
+    # Lag is what the last plan of each bucket saw, per partition and summed.
+    last_plan: dict[datetime, datetime] = {}
     for snap in snapshots:
         if snap["at"] >= since:
             at = bucket_of(snap["at"], since, width)
-            lag[at, snap["name"]] = max(lag[at, snap["name"]], snap["lag"])
-            totals[snap["at"]] += snap["lag"]
-    total_by_bucket: dict[datetime, int] = defaultdict(int)
-    for at, total in totals.items():
-        total_by_bucket[bucket_of(at, since, width)] = max(total_by_bucket[bucket_of(at, since, width)], total)
-    assert {(p.at, p.partition): p.lag for p in data.lag if p.partition != "total"} == dict(lag)
-    assert {p.at: p.lag for p in data.lag if p.partition == "total"} == dict(total_by_bucket)
+            last_plan[at] = max(last_plan.get(at, snap["at"]), snap["at"])
+    lag = {(at, snap["name"]): snap["lag"] for snap in snapshots for at in [bucket_of(snap["at"], since, width)]
+           if snap["at"] >= since and snap["at"] == last_plan[at]}
+    totals = defaultdict(int)
+    for (at, _), value in lag.items():
+        totals[at] += value
+    assert {(p.at, p.partition): p.lag for p in data.lag if p.partition != "total"} == lag
+    assert {p.at: p.lag for p in data.lag if p.partition == "total"} == dict(totals)
 
     with transaction(ledger_url) as session:
         week = queries.chart_data(session, pid, "7d", now=NOW)

@@ -266,7 +266,7 @@ STEP_KEYS = ("plan_s", "read_s", "stage_write_s", "commit_s", "publish_s")
 class LagPoint:
     at: datetime
     partition: str  # "topic[p]", or "total" for the sum over the pipeline's partitions
-    lag: int  # the highest lag a plan saw in the bucket
+    lag: int  # what the last plan in the bucket saw
 
 
 @dataclass
@@ -299,7 +299,8 @@ def bucket_seconds(range_key: str, buckets: int = CHART_BUCKETS) -> int:
 
 def chart_data(session: Session, pipeline: int, range_key: str, now: datetime | None = None) -> ChartData:
     """The series of the ledger page's charts for one pipeline over the last hour, day or week: lag per
-    partition and in total (from `lag_snapshots`, as each plan saw it), and per committed batch its records,
+    partition and in total (from `lag_snapshots`, as the last plan of each bucket saw it), and per committed
+    batch its records,
     dead and late records, records per second and step seconds. Everything is bucketed by the database,
     so the page stays the same size however long the history is."""
     bucket = bucket_seconds(range_key)
@@ -307,14 +308,20 @@ def chart_data(session: Session, pipeline: int, range_key: str, now: datetime | 
     since = now - timedelta(seconds=CHART_RANGES[range_key])
     params = {"p": pipeline, "since": since, "bucket": bucket}
     binned = "date_bin(make_interval(secs => :bucket), {column}, CAST(:since AS timestamptz))"
+    # Lag is sampled, as Prometheus samples a gauge: each bucket shows what the LAST plan in it saw (every
+    # snapshot of one plan shares its transaction's planned_at). That costs one index probe per bucket and
+    # reads buckets x partitions rows, however many plans a week of history holds.
     lag_rows = session.execute(text(
-        f"SELECT {binned.format(column='planned_at')} AS at, topic || '[' || partition || ']' AS name, "
-        "max(lag) FROM lag_snapshots WHERE pipeline_id = :p AND planned_at >= :since "
-        "GROUP BY 1, 2 ORDER BY 1, 2"), params).all()
-    total_rows = session.execute(text(
-        f"SELECT {binned.format(column='planned_at')} AS at, max(total) FROM ("
-        "SELECT planned_at, sum(lag) AS total FROM lag_snapshots WHERE pipeline_id = :p AND planned_at >= :since "
-        "GROUP BY planned_at) plans GROUP BY 1 ORDER BY 1"), params).all()
+        "WITH buckets AS (SELECT CAST(:since AS timestamptz) + make_interval(secs => :bucket * k) AS at "
+        "FROM generate_series(0, :buckets) k), "
+        "plans AS (SELECT b.at, (SELECT max(s.planned_at) FROM lag_snapshots s WHERE s.pipeline_id = :p "
+        "AND s.planned_at >= b.at AND s.planned_at < b.at + make_interval(secs => :bucket)) AS planned_at "
+        "FROM buckets b), "
+        "seen AS (SELECT plans.at, s.topic, s.partition, s.lag FROM plans JOIN lag_snapshots s "
+        "ON s.pipeline_id = :p AND s.planned_at = plans.planned_at) "
+        "SELECT at, topic || '[' || partition || ']', lag FROM seen "
+        "UNION ALL SELECT at, 'total', sum(lag) FROM seen GROUP BY at ORDER BY 1, 2"),
+        {**params, "buckets": CHART_RANGES[range_key] // bucket}).all()
     steps = ", ".join(f"avg(coalesce((timings->>'{key}')::float8, 0))" for key in STEP_KEYS)
     batch_rows = session.execute(text(
         f"SELECT {binned.format(column='committed_at')} AS at, count(*), "
@@ -326,8 +333,7 @@ def chart_data(session: Session, pipeline: int, range_key: str, now: datetime | 
         "GROUP BY 1 ORDER BY 1"), params).all()
     return ChartData(
         range_key=range_key, since=since, until=now, bucket_s=bucket,
-        lag=[LagPoint(at, name, int(lag)) for at, name, lag in lag_rows]
-        + [LagPoint(at, "total", int(total)) for at, total in total_rows],
+        lag=[LagPoint(at, name, int(lag)) for at, name, lag in lag_rows],
         batches=[BatchPoint(row[0], int(row[1]), int(row[2]), int(row[3]), int(row[4]),
                             None if row[5] is None else float(row[5]),
                             {key: float(value) for key, value in zip(STEP_KEYS, row[6:], strict=True)})
