@@ -769,6 +769,21 @@ def print_report(harness: Harness, checks: list[Check]) -> None:
     console.print(table)
 
 
+def run_and_check(harness: Harness, schedule: list[tuple[str, int]], spacing_s: tuple[float, float]) -> list[Check]:
+    """What each fast subset in `make test` does: start, run the schedule, print the report, then require every
+    fault applied and every check passed."""
+    harness.start()
+    try:
+        checks = harness.run(schedule, spacing_s=spacing_s)
+    finally:
+        harness.close()
+    print_report(harness, checks)
+    assert all(f.done for f in harness.faults), [(f.name, f.detail) for f in harness.faults]
+    failed = [(c.name, c.detail) for c in checks if not c.ok]
+    assert not failed, failed
+    return checks
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--records", type=int, default=100_000)

@@ -9,7 +9,7 @@ import signal
 
 import pytest
 
-from tests.chaos.harness import Harness, print_report
+from tests.chaos.harness import Harness, run_and_check
 
 pytestmark = pytest.mark.chaos
 
@@ -27,26 +27,10 @@ SCHEDULE = [
 
 def test_chaos_fast_subset(tmp_path):
     harness = Harness(tmp_path, records=10_000, chunks=len(SCHEDULE), batch_size=10_000, seed=7, liveness_bound_s=300)
-    harness.start()
-    try:
-        checks = harness.run(SCHEDULE, spacing_s=(0.5, 2))
-    finally:
-        harness.close()
-    print_report(harness, checks)
-    assert all(f.done for f in harness.faults), [(f.name, f.detail) for f in harness.faults]
-    failed = [(c.name, c.detail) for c in checks if not c.ok]
-    assert not failed, failed
+    run_and_check(harness, SCHEDULE, spacing_s=(0.5, 2))
 
 
 def test_chaos_fast_subset_clicks(tmp_path):
     harness = Harness(tmp_path, records=4_000, chunks=len(SCHEDULE), batch_size=4_000, seed=7, liveness_bound_s=300,
                       pipeline="clicks")
-    harness.start()
-    try:
-        checks = harness.run(SCHEDULE, spacing_s=(0.5, 2))
-    finally:
-        harness.close()
-    print_report(harness, checks)
-    assert all(f.done for f in harness.faults), [(f.name, f.detail) for f in harness.faults]
-    failed = [(c.name, c.detail) for c in checks if not c.ok]
-    assert not failed, failed
+    run_and_check(harness, SCHEDULE, spacing_s=(0.5, 2))

@@ -8,7 +8,7 @@ import signal
 
 import pytest
 
-from tests.chaos.harness import Harness, print_report
+from tests.chaos.harness import Harness, run_and_check
 
 pytestmark = pytest.mark.chaos
 
@@ -25,14 +25,6 @@ def test_chaos_cluster_fast_subset(tmp_path):
     harness = Harness(tmp_path, records=6_000, chunks=len(SCHEDULE), batch_size=6_000, seed=11,
                       liveness_bound_s=300, cluster=True, partitions=6)
     assert set(harness.fault_kinds()) == {name for name, _ in SCHEDULE}  # every cluster kind, once
-    harness.start()
-    try:
-        checks = harness.run(SCHEDULE, spacing_s=(0.5, 1))
-    finally:
-        harness.close()
-    print_report(harness, checks)
-    assert all(f.done for f in harness.faults), [(f.name, f.detail) for f in harness.faults]
+    run_and_check(harness, SCHEDULE, spacing_s=(0.5, 1))
     two_down = next(f for f in harness.faults if f.name.startswith("take two brokers down"))
     assert "not acknowledged" in two_down.detail, two_down.detail  # min.insync.replicas 2 held meanwhile
-    failed = [(c.name, c.detail) for c in checks if not c.ok]
-    assert not failed, failed
