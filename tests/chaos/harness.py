@@ -53,10 +53,10 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import psutil
-import yaml
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from sqlalchemy import text
 
+from microbatch.config import load_spec
 from microbatch.dev import localenv
 from microbatch.dev.datagen import (
     Click,
@@ -471,8 +471,9 @@ class Harness:
         return self.rng.choice(rows) if rows else self.rng.randrange(self.partitions)
 
     def _transactional_id(self) -> str:
-        spec = yaml.safe_load((Path(self.env["MICROBATCH_PIPELINES_DIR"]) / f"{self.pipeline}.yaml").read_text())
-        return next(f"microbatch.{s['name']}" for s in spec["sinks"] if s["type"] == "kafka")
+        """The publisher's transactional_id, as the spec's Kafka sink derives it."""
+        spec = load_spec(Path(self.env["MICROBATCH_PIPELINES_DIR"]) / f"{self.pipeline}.yaml")
+        return spec.kafka_sinks[0].transactional_id
 
     def restart_postgres(self, sig: int) -> str:
         _wait_for(self._staged_batch, 120)

@@ -22,11 +22,12 @@ from datetime import UTC, datetime
 from functools import cache
 from typing import Any, ClassVar
 
-from sqlalchemy import make_url, text
+from sqlalchemy import make_url
 
 from microbatch.config import DeltaSink, KafkaSink, PipelineSpec
 from microbatch.ledger import repository as repo
 from microbatch.ledger.database import transaction
+from microbatch.ledger.models import Pipeline
 from microbatch.phases.results import CommitResult
 from microbatch.types import OffsetRange
 
@@ -151,10 +152,10 @@ def emit_committed(spec: PipelineSpec, result: CommitResult, ledger_url: str,
 
         with transaction(ledger_url) as session:
             ranges = repo.batch_ranges(session, result.batch_id)
-            batch = dict(session.execute(text(
-                "SELECT b.id, b.kind, b.attempt, b.airflow_run_id, b.committed_run_id, b.counts, p.uid "
-                "FROM batches b JOIN pipelines p ON p.id = b.pipeline_id WHERE b.id = :b"),
-                {"b": result.batch_id}).mappings().one())
+            row = repo.get_batch(session, result.batch_id)
+            batch = {"id": row.id, "kind": row.kind, "attempt": row.attempt, "airflow_run_id": row.airflow_run_id,
+                     "committed_run_id": row.committed_run_id, "counts": row.counts,
+                     "uid": session.get(Pipeline, row.pipeline_id).uid}
         kafka_namespace = "kafka://" + bootstrap_servers().split(",", maxsplit=1)[0].strip()
         outputs = outputs_of(spec, result, ledger_url, kafka_namespace,
                              dict((batch["counts"] or {}).get("rows_by_sink") or {}))
