@@ -82,6 +82,7 @@ def write_spec(directory: Path, topics: list[str], max_records: int, shuffle_par
     spec = yaml.safe_load((ROOT / "include/pipelines/ip_count.yaml").read_text())
     spec["source"].update(topics=topics, max_records_per_batch=max_records, commit_group_offsets=False)
     spec["sinks"] = [s for s in spec["sinks"] if s["type"] != "kafka"]
+    spec["spark"]["mode"] = "submit"  # each run picks its stage: spark-submit, or bench/connect_stage.py
     spec["spark"]["conf"] = {**spec["spark"]["conf"], "spark.ui.enabled": "false",
                              "spark.sql.shuffle.partitions": str(shuffle_partitions)}
     directory.mkdir(parents=True, exist_ok=True)

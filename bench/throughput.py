@@ -3,6 +3,8 @@
 One run, one topic of N access-log records (~105 bytes) over 8 partitions, medians of --reps runs of:
   a. Kafka ConsumerPerformance reading the topic (the physical limit);
   b. spark-submit of a raw Spark read of the same ranges with count() (the Spark limit);
+  b2. the same job's Spark work with no ledger: read, parse, aggregate, written to Spark's `noop` sink (the
+      bare job: c/b2 is what exactly-once costs over it);
   c. microbatch plan + stage (spark-submit spark_jobs/run_batch.py) + commit of ip_count, one batch over
      the whole range, and batches of N/--split;
   d. the peer: Structured Streaming, Trigger.AvailableNow, same parse + window aggregation, foreachBatch
@@ -12,8 +14,11 @@ the already-started application (tool fetch rate, count(), stage + commit, query
 With --connect, one long-lived Spark Connect server (microbatch's `spark.mode: connect`) also runs, warmed by one
 full read first:
   b'. the raw read + count() of the same ranges through a Connect client (the Spark limit on a warm JVM);
+  b2'. the bare job through a Connect client;
   c'. microbatch plan + stage (a Connect client process, bench/connect_stage.py) + commit, one batch, and
-      batches of N/--split.
+      batches of N/--split;
+  d'. the peer's same query as a Connect client of the same warm server (Structured Streaming over Spark
+      Connect; foreachBatch runs in the server's Python worker), one micro-batch and maxOffsetsPerTrigger=N/--split.
 Peak RSS (psutil sampling of the process tree) of the stage spark-submit and of plan / commit is recorded.
 Profiles: every spark-submit run (b, c, d) writes a Spark event log, whose task metrics (run, CPU, GC time, shuffle:
 what the Spark UI's stage pages show) are summed per run; py-spy records the Python process of each of c's plan,
@@ -85,6 +90,26 @@ def raw_spark(stack: Stack, name: str, ranges_file: Path, records: int, driver_m
         raise RuntimeError(f"raw count {info['count']} != {records}")
     return {"wall_s": round(result.seconds, 3), "engine_s": info["count_s"], "peak_rss_mb": result.peak_rss_mb,
             "spark_metrics": spark_task_metrics(events)}
+
+
+def bare_job(stack: Stack, name: str, ranges_file: Path, driver_memory: str, remote: str | None = None) -> dict:
+    """b2 (spark-submit) or b2' (a Connect client of `remote`): read, parse, aggregate, `noop` sink."""
+    env = {"MICROBATCH_KAFKA_BOOTSTRAP": stack.bootstrap}
+    if remote:
+        result = run_sampled([PYTHON, str(APPS / "bare_job.py"), str(ranges_file)],
+                             env={**spark_env(bootstrap=stack.bootstrap), "SPARK_REMOTE": remote})
+        if result.returncode != 0:
+            raise RuntimeError(f"{name}: the bare job over Spark Connect failed:\n{result.stderr[-3000:]}")
+        metrics = {}
+    else:
+        events = stack.work_dir / "events" / name
+        result = spark_submit(APPS / "bare_job.py", [str(ranges_file)], env,
+                              conf={"spark.sql.shuffle.partitions": "4", **event_logged(events)},
+                              driver_memory=driver_memory)
+        metrics = spark_task_metrics(events)
+    info = result.json_lines()[-1]
+    return {"wall_s": round(result.seconds, 3), "engine_s": info["job_s"], "peak_rss_mb": result.peak_rss_mb,
+            "spark_metrics": metrics}
 
 
 def gc_logged(path: Path) -> dict[str, str]:
@@ -190,7 +215,9 @@ PEER_DDL = [
 ]
 
 
-def peer_run(stack: Stack, name: str, records: int, max_offsets: int, driver_memory: str) -> dict:
+def peer_run(stack: Stack, name: str, records: int, max_offsets: int, driver_memory: str,
+             remote: str | None = None) -> dict:
+    """d: the peer as its own spark-submit; d' (`remote`): the same query as a client of the warm Connect server."""
     from microbatch.ledger.database import transaction
 
     stack.postgres.create_database(name)
@@ -200,17 +227,23 @@ def peer_run(stack: Stack, name: str, records: int, max_offsets: int, driver_mem
             session.execute(text(ddl))
     checkpoint = stack.work_dir / "checkpoints" / name
     events = stack.work_dir / "events" / name
-    result = spark_submit(APPS / "peer_stream.py", [TOPIC, str(checkpoint), str(max_offsets)],
-                          {"MICROBATCH_KAFKA_BOOTSTRAP": stack.bootstrap, "MICROBATCH_LEDGER_URL": url},
-                          conf={"spark.sql.shuffle.partitions": "4", **event_logged(events)},
-                          driver_memory=driver_memory)
+    env = {"MICROBATCH_KAFKA_BOOTSTRAP": stack.bootstrap, "MICROBATCH_LEDGER_URL": url}
+    if remote:
+        result = run_sampled([PYTHON, str(APPS / "peer_stream.py"), TOPIC, str(checkpoint), str(max_offsets)],
+                             env={**spark_env(), **env, "SPARK_REMOTE": remote})
+        if result.returncode != 0:
+            raise RuntimeError(f"{name}: the peer over Spark Connect failed:\n{result.stderr[-3000:]}")
+    else:
+        result = spark_submit(APPS / "peer_stream.py", [TOPIC, str(checkpoint), str(max_offsets)], env,
+                              conf={"spark.sql.shuffle.partitions": "4", **event_logged(events)},
+                              driver_memory=driver_memory)
     info = result.json_lines()[-1]
     with transaction(url) as session:
         counted = session.execute(text("SELECT coalesce(sum(count), 0) FROM peer_ip_counts")).scalar_one()
     if counted != records or info["records"] != records:
         raise RuntimeError(f"{name}: the peer counted {counted} of {info['records']} records, expected {records}")
     return {"wall_s": round(result.seconds, 3), "engine_s": info["query_s"], "batches": len(info["batches"]),
-            "peak_rss_mb": result.peak_rss_mb, "spark_metrics": spark_task_metrics(events)}
+            "peak_rss_mb": result.peak_rss_mb, "spark_metrics": spark_task_metrics(events) if events.exists() else {}}
 
 
 def main(argv: list[str]) -> int:
@@ -245,13 +278,18 @@ def main(argv: list[str]) -> int:
             runs.setdefault("a_kafka_consumer", []).append(consumer_perf(stack, n))
             runs.setdefault("b_spark_raw_count", []).append(
                 raw_spark(stack, f"b_{rep}", ranges_file, n, args.driver_memory))
+            runs.setdefault("b2_bare_job", []).append(bare_job(stack, f"b2_{rep}", ranges_file, args.driver_memory))
             runs.setdefault("c_microbatch_1_batch", []).append(
                 microbatch_run(stack, f"c1_{rep}", n, n, args.driver_memory))
             runs.setdefault("d_peer_1_batch", []).append(peer_run(stack, f"d1_{rep}", n, 0, args.driver_memory))
             if remote:
                 runs.setdefault("b_connect_raw_count", []).append(raw_connect(stack, ranges_file, n, remote))
+                runs.setdefault("b2_connect_bare_job", []).append(
+                    bare_job(stack, f"b2c_{rep}", ranges_file, args.driver_memory, remote))
                 runs.setdefault("c_connect_1_batch", []).append(
                     microbatch_run(stack, f"cc1_{rep}", n, n, args.driver_memory, remote))
+                runs.setdefault("d_connect_1_batch", []).append(
+                    peer_run(stack, f"dc1_{rep}", n, 0, args.driver_memory, remote))
             if args.split > 1 and rep < split_reps:
                 per = -(-n // args.split)
                 runs.setdefault("c_microbatch_split", []).append(
@@ -261,6 +299,8 @@ def main(argv: list[str]) -> int:
                 if remote:
                     runs.setdefault("c_connect_split", []).append(
                         microbatch_run(stack, f"cc10_{rep}", n, per, args.driver_memory, remote))
+                    runs.setdefault("d_connect_split", []).append(
+                        peer_run(stack, f"dc10_{rep}", n, per, args.driver_memory, remote))
             write_results("throughput_partial", results)  # a long run that dies later keeps its finished reps
             print(f"rep {rep + 1}/{args.reps} done", flush=True)
 
@@ -275,12 +315,14 @@ def main(argv: list[str]) -> int:
     results["summary"] = summary
     c = summary["c_microbatch_1_batch"]
     ratios = {}
-    for label, other in (("c/b", "b_spark_raw_count"), ("c/d", "d_peer_1_batch"), ("c/a", "a_kafka_consumer")):
+    for label, other in (("c/b", "b_spark_raw_count"), ("c/b2", "b2_bare_job"), ("c/d", "d_peer_1_batch"),
+                         ("c/a", "a_kafka_consumer")):
         ratios[label] = {"wall": round(c["wall_rate"] / summary[other]["wall_rate"], 3),
                          "engine": round(c["engine_rate"] / summary[other]["engine_rate"], 3)}
     if "c_connect_1_batch" in summary:
         cc = summary["c_connect_1_batch"]
-        for label, other in (("c'/b'", "b_connect_raw_count"), ("c'/b", "b_spark_raw_count"),
+        for label, other in (("c'/d'", "d_connect_1_batch"), ("c'/b2'", "b2_connect_bare_job"),
+                             ("c'/b'", "b_connect_raw_count"), ("c'/b", "b_spark_raw_count"),
                              ("c'/d", "d_peer_1_batch"), ("c'/a", "a_kafka_consumer")):
             ratios[label] = {"wall": round(cc["wall_rate"] / summary[other]["wall_rate"], 3),
                              "engine": round(cc["engine_rate"] / summary[other]["engine_rate"], 3)}
@@ -292,6 +334,9 @@ def main(argv: list[str]) -> int:
             ccs = summary["c_connect_split"]
             ratios["c'_split/d_split"] = {"wall": round(ccs["wall_rate"] / ds["wall_rate"], 3),
                                           "engine": round(ccs["engine_rate"] / ds["engine_rate"], 3)}
+            dcs = summary["d_connect_split"]
+            ratios["c'_split/d'_split"] = {"wall": round(ccs["wall_rate"] / dcs["wall_rate"], 3),
+                                           "engine": round(ccs["engine_rate"] / dcs["engine_rate"], 3)}
     results["ratios"] = ratios
     c_runs = runs["c_microbatch_1_batch"]
     phase_keys = ("plan_s", "stage_wall_s", "stage_engine_s", "read_s", "stage_write_s", "commit_s")
@@ -324,7 +369,8 @@ def main(argv: list[str]) -> int:
     print_table("Stage driver JVM by batch size (spark-submit, medians)", ["run", "peak RSS MB", "heap after GC MB"],
                 by_size)
     spark_rows = []
-    for key in ("b_spark_raw_count", "c_microbatch_1_batch", "d_peer_1_batch", "c_microbatch_split", "d_peer_split"):
+    for key in ("b_spark_raw_count", "b2_bare_job", "c_microbatch_1_batch", "d_peer_1_batch", "c_microbatch_split",
+                "d_peer_split"):
         metrics = [r["spark_metrics"] for r in runs.get(key, []) if r.get("spark_metrics")]
         if metrics:
             m = {k: median([x[k] for x in metrics]) for k in metrics[0]}

@@ -5,6 +5,9 @@ records the batch id (idempotent replays), with its own checkpoint directory.
 
 spark-submit peer_stream.py TOPIC CHECKPOINT_DIR MAX_OFFSETS_PER_TRIGGER(0 = unlimited)
 env: MICROBATCH_KAFKA_BOOTSTRAP, MICROBATCH_LEDGER_URL. Prints BENCH:{json}.
+With SPARK_REMOTE=sc://... the same query runs as a Spark Connect client of that (warm) server: Structured
+Streaming over Spark Connect, its foreachBatch function run by the server's Python worker (d' in
+bench/throughput.py), so that it meets microbatch's Connect mode on equal footing.
 Tables peer_stage_ip_counts, peer_ip_counts and peer_progress must exist (bench/throughput.py creates them).
 """
 
@@ -34,14 +37,25 @@ MERGE = (
 )
 
 
+def _input_rows(progress: object) -> int:
+    """numInputRows of one progress report: a dict in classic PySpark, an object over Spark Connect."""
+    value = getattr(progress, "numInputRows", None)
+    return int(value if value is not None else progress["numInputRows"])  # type: ignore[index]
+
+
 def main(argv: list[str]) -> int:
     topic, checkpoint, max_offsets = argv[0], argv[1], int(argv[2])
     ledger = os.environ["MICROBATCH_LEDGER_URL"]
     url = make_url(ledger)
     conninfo = dict(host=url.host, port=url.port, user=url.username, password=url.password, dbname=url.database)
     jdbc = jdbc_options(ledger)
-    spark = SparkSession.builder.appName("bench-peer").getOrCreate()
-    spark.sparkContext.setLogLevel("WARN")
+    remote = os.environ.get("SPARK_REMOTE")
+    if remote:
+        spark = SparkSession.builder.remote(remote).getOrCreate()
+        spark.conf.set("spark.sql.shuffle.partitions", "4")
+    else:
+        spark = SparkSession.builder.appName("bench-peer").getOrCreate()
+        spark.sparkContext.setLogLevel("WARN")
     ready = time.time()
     batches: list[dict] = []
 
@@ -74,10 +88,14 @@ def main(argv: list[str]) -> int:
              .trigger(availableNow=True).start())
     query.awaitTermination()
     seconds = time.monotonic() - t0
-    records = sum(p["numInputRows"] for p in query.recentProgress)
+    records = sum(_input_rows(p) for p in query.recentProgress)
+    if remote:  # foreachBatch ran in the server's Python worker: its list stayed there; the table has the batches
+        with psycopg.connect(**conninfo) as conn:
+            batches = [{"batch_id": b} for (b,) in conn.execute("SELECT batch_id FROM peer_progress ORDER BY 1")]
     print("BENCH:" + json.dumps({"records": records, "query_s": round(seconds, 3), "batches": batches,
                                  "python_start": STARTED, "session_ready": ready}), flush=True)
-    spark.stop()
+    if not remote:  # a Connect client leaves the shared server running
+        spark.stop()
     return 0
 
 

@@ -12,6 +12,7 @@ import logging
 import os
 import sys
 import time
+import types
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
@@ -608,6 +609,17 @@ def _run_demo_dag(pipeline: str, log_file: Path) -> None:
         raise typer.Exit(1)
 
 
+def _start_connect_server(devstack: types.ModuleType) -> None:
+    """Start (or reuse) the stack's Spark Connect server and point MICROBATCH_SPARK_REMOTE at it, so the shipped
+    pipelines (`spark.mode: auto`) stage as its clients: on one machine that is the fast path (docs/performance.md:
+    no JVM start per batch). `make down` stops it with the rest of the stack."""
+    try:
+        os.environ[settings.SPARK_REMOTE_ENV] = devstack.connect()
+    except RuntimeError as exc:
+        raise MicrobatchError(f"The Spark Connect server did not start: {exc}",
+                              fix="Fix the cause in its log, then run `make down` and try again.") from None
+
+
 @app.command()
 def demo(count: int = 10_000) -> None:
     """The whole path on the local stack: services, data, the ip_count and clicks DAGs, the results."""
@@ -622,6 +634,7 @@ def demo(count: int = 10_000) -> None:
         raise MicrobatchError(f"The local stack did not start: {exc}",
                               fix="Fix the cause in that log, then run `make down` and `make demo` again.") from None
     os.environ.update(env)
+    _start_connect_server(devstack)
     run_migrate(env["MICROBATCH_LEDGER_URL"])
     _create_output_topics("ip_count")
     console.print(f"services ready in {time.monotonic() - started:.1f}s")
@@ -653,6 +666,7 @@ def airflow() -> None:
     localenv.apply()
     env = devstack.up()
     os.environ.update(env)
+    _start_connect_server(devstack)
     run_migrate(env["MICROBATCH_LEDGER_URL"])
     create_topic(env["MICROBATCH_KAFKA_BOOTSTRAP"], "ip_count_source", 4)
     _create_output_topics("ip_count")

@@ -572,36 +572,60 @@ SPARK_CONNECTION_DEFAULTS = {"submit": "spark_default", "connect": "spark_connec
 class SparkSpec(_Strict):
     """How the stage task runs the Spark job: spark-submit per batch, or a client of a Spark Connect server."""
 
-    mode: Literal["submit", "connect"] = "submit"
+    mode: Literal["submit", "connect", "auto"] = "submit"
     """`submit`: each stage task runs spark-submit (a new driver JVM per batch). `connect`: the stage task is a
     Spark Connect client of a long-lived server (`MICROBATCH_SPARK_REMOTE`, else `connection`), so no JVM
-    starts per batch."""
-    connection: str = "spark_default"
+    starts per batch. `auto`: `connect` where `MICROBATCH_SPARK_REMOTE` is set when the DAG is built (the local
+    stack of `make demo` / `make airflow` and the compose file set it), else `submit`; the shipped pipelines
+    use it."""
+    connection: str | None = None
     """Airflow connection id: mode `submit`, a Spark master (host `local[*]` or `spark://host:7077`), default
     `spark_default`; mode `connect`, a `spark_connect` connection (host `sc://HOST`, port 15002), default
-    `spark_connect_default`."""
+    `spark_connect_default`. Mode `auto` takes the default of the mode it resolves to."""
     conf: dict[str, str] = Field(default_factory=dict)
-    """Spark settings. In mode `connect` only `spark.sql.*` settings, which a Connect session may change."""
+    """Spark settings. In modes `connect` and `auto` only `spark.sql.*` settings, which a Connect session may
+    change."""
 
     @model_validator(mode="before")
     @classmethod
     def _connection_default_of_the_mode(cls, data: Any) -> Any:
         if isinstance(data, dict) and "connection" not in data:
-            data = {**data, "connection": SPARK_CONNECTION_DEFAULTS.get(data.get("mode", "submit"), "spark_default")}
+            default = SPARK_CONNECTION_DEFAULTS.get(data.get("mode", "submit"))
+            if default:
+                data = {**data, "connection": default}
         return data
+
+    @field_validator("connection")
+    @classmethod
+    def _auto_takes_the_default(cls, connection: str | None, info: ValidationInfo) -> str | None:
+        if info.data.get("mode") == "auto" and connection is not None:
+            raise ValueError("is not used in mode 'auto', which takes the default connection of the mode it "
+                             "resolves to; remove it, or set mode 'submit' or 'connect' with it")
+        return connection
 
     @field_validator("conf")
     @classmethod
     def _settable_in_the_mode(cls, conf: dict[str, str], info: ValidationInfo) -> dict[str, str]:
-        if info.data.get("mode") != "connect":
+        mode = info.data.get("mode")
+        if mode not in ("connect", "auto"):
             return conf
         server_side = sorted(key for key in conf if not key.startswith("spark.sql."))
         if server_side:
+            may = " (mode 'auto' runs as one where a Connect server is set)" if mode == "auto" else ""
             raise ValueError(
-                f"sets {', '.join(server_side)}, which a Spark Connect session cannot change (only spark.sql.* "
-                "settings apply per session); set it on the Connect server (its --conf) and remove it here"
+                f"sets {', '.join(server_side)}, which a Spark Connect session cannot change{may} (only spark.sql.* "
+                "settings apply per session); set it on the Connect server (its --conf) and remove it here, or "
+                "use mode 'submit'"
             )
         return conf
+
+    def resolved(self, connect_server_set: bool) -> SparkSpec:
+        """This spec with a concrete mode and connection: `auto` becomes `connect` when a Connect server is set
+        (`MICROBATCH_SPARK_REMOTE`), else `submit`."""
+        if self.mode != "auto":
+            return self
+        mode = "connect" if connect_server_set else "submit"
+        return self.model_copy(update={"mode": mode, "connection": SPARK_CONNECTION_DEFAULTS[mode]})
 
 
 class PipelineSpec(_Strict):

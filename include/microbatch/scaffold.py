@@ -100,6 +100,7 @@ sinks:
   count: 3
   delay_seconds: 10
 spark:
+  mode: auto                       # a Spark Connect client where MICROBATCH_SPARK_REMOTE is set, else spark-submit
   conf:
     spark.sql.shuffle.partitions: "2"
 """

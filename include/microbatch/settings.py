@@ -176,6 +176,11 @@ def _security_environ(environ: Mapping[str, str]) -> dict[str, str]:
     return {name: environ[name] for name in names if environ.get(name)}
 
 
+def spark_remote_set() -> bool:
+    """Whether `MICROBATCH_SPARK_REMOTE` names a Spark Connect server: what `spark.mode: auto` resolves by."""
+    return bool(os.environ.get(SPARK_REMOTE_ENV))
+
+
 def spark_remote(conn_id: str, lookup: Lookup | None = None) -> str:
     """The Spark Connect URL: `MICROBATCH_SPARK_REMOTE`, else (with a lookup) the sc:// URL of the connection
     `conn_id` (type spark_connect)."""

@@ -86,7 +86,7 @@ class Soak:
             if sink["type"] == "kafka":
                 sink["topic"] = OUTPUT
         spec["retries"] = {"count": 2, "delay_seconds": 1}
-        spec["spark"]["conf"] = {**spec["spark"]["conf"], "spark.ui.enabled": "false"}
+        spec["spark"] = {"mode": "submit", "conf": {**spec["spark"]["conf"], "spark.ui.enabled": "false"}}
         self.pipelines = str(self.work / "pipelines")
         (self.work / "pipelines").mkdir()
         (self.work / "pipelines" / "ip_count.yaml").write_text(yaml.safe_dump(spec))

@@ -35,7 +35,9 @@ def write_test_spec(directory: Path, topic: str, max_records: int, retry_delay: 
     if bootstrap:
         create_topic(bootstrap, f"{topic}_out", 4)
     spec["retries"] = {"count": 3, "delay_seconds": retry_delay}
-    spec["spark"]["conf"] = {**spec["spark"]["conf"], "spark.ui.enabled": "false"}
+    # spark-submit explicitly (the shipped `auto` would follow MICROBATCH_SPARK_REMOTE): the crash tests kill its
+    # driver, and the UI off keeps concurrent drivers off each other's ports.
+    spec["spark"] = {"mode": "submit", "conf": {**spec["spark"]["conf"], "spark.ui.enabled": "false"}}
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / "ip_count.yaml"
     path.write_text(yaml.safe_dump(spec))
@@ -281,8 +283,8 @@ def write_clicks_test_spec(directory: Path, topic: str, max_records: int, *, out
     if bootstrap:
         create_topic(bootstrap, out_topic, partitions)
     spec["retries"] = {"count": retries, "delay_seconds": retry_delay}
-    spec["spark"]["conf"] = {**spec["spark"]["conf"], "spark.sql.shuffle.partitions": "2",
-                             "spark.ui.enabled": "false"}
+    spec["spark"] = {"mode": "submit", "conf": {**spec["spark"]["conf"], "spark.sql.shuffle.partitions": "2",
+                                                "spark.ui.enabled": "false"}}
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "clicks.yaml").write_text(yaml.safe_dump(spec))
     return directory

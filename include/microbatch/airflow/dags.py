@@ -1,8 +1,9 @@
 """The DAG factory: one builder for a pipeline's scheduled DAG and its backfill DAG, `plan >> stage >> commit`
 (`>> publish` with a Kafka sink). The two differ only in their DAG arguments and their plan task.
 
-Building a DAG reads the spec file and nothing else: connections, the ledger and Kafka are touched
-only when a task runs (`microbatch.airflow.hooks`).
+Building a DAG reads the spec file and nothing else (and, for `spark.mode: auto`, whether
+`MICROBATCH_SPARK_REMOTE` is set): connections, the ledger and Kafka are touched only when a task runs
+(`microbatch.airflow.hooks`).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any
 from airflow.sdk import DAG, Asset, Param, task
 from airflow.sdk.exceptions import AirflowSkipException
 
+from microbatch import settings
 from microbatch.airflow import hooks
 from microbatch.airflow.operators import STAGE_OPERATORS, LakeMaintenanceOperator, batch_id_list, resolved, task_errors
 from microbatch.config import PipelineSpec, find_spec
@@ -49,7 +51,9 @@ def maintenance_dag(name: str) -> DAG | None:
 
 def build_dag(spec: PipelineSpec, *, backfill: bool = False) -> DAG:
     """The scheduled DAG of one pipeline, or with `backfill` its `<pipeline>__backfill` DAG:
-    plan >> stage >> commit (>> publish with a Kafka sink), the stage task of `spec.spark.mode`."""
+    plan >> stage >> commit (>> publish with a Kafka sink), the stage task of `spec.spark.mode` (`auto` resolved
+    here, so every task of the DAG sees the same concrete mode)."""
+    spec = spec.model_copy(update={"spark": spec.spark.resolved(settings.spark_remote_set())})
     dag_args, plan_task = (_backfill_dag_args(spec), _backfill_plan_task(spec)) if backfill else \
         (_scheduled_dag_args(spec), _plan_task(spec))
     with DAG(**dag_args, start_date=datetime(2024, 1, 1), catchup=False, max_active_runs=1,

@@ -1,0 +1,55 @@
+"""b2: the ip_count job's Spark work with no ledger: read exactly the given ranges (the stage's read options),
+parse, keep the valid records, aggregate per window and IP as the job does, and write to Spark's `noop` sink.
+The difference between this and microbatch's stage + commit is the exactly-once machinery: the ledger, the
+observed counts, the staging write and the commit.
+
+spark-submit bare_job.py RANGES_JSON   (env MICROBATCH_KAFKA_BOOTSTRAP); prints BENCH:{json}.
+With SPARK_REMOTE=sc://... it runs as a plain Python Spark Connect client of that server instead.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+STARTED = time.time()
+
+from pyspark.sql import SparkSession  # noqa: E402
+from pyspark.sql import functions as F  # noqa: E402
+
+from microbatch.phases.stage import kafka_read_options, with_pooled_consumers  # noqa: E402
+from microbatch.types import OffsetRange  # noqa: E402
+from spark_jobs.ip_count import transform  # noqa: E402
+
+OPTIONS = {"window_seconds": 5, "allowed_lateness_seconds": 5}
+
+
+def main(argv: list[str]) -> int:
+    ranges = [OffsetRange(**r) for r in json.loads(Path(argv[0]).read_text())]
+    remote = os.environ.get("SPARK_REMOTE")
+    if remote:
+        spark = SparkSession.builder.remote(remote).getOrCreate()
+        spark.conf.set("spark.sql.shuffle.partitions", "4")
+    else:
+        spark = SparkSession.builder.appName("bench-bare-job").getOrCreate()
+        spark.sparkContext.setLogLevel("WARN")
+    ready = time.time()
+    options = kafka_read_options(ranges, os.environ["MICROBATCH_KAFKA_BOOTSTRAP"], "read_committed")
+    t0 = time.monotonic()
+    records = spark.read.format("kafka").options(**with_pooled_consumers(options)).load()
+    parsed = transform.parse(records, OPTIONS, {})
+    valid = parsed.where(F.col("error").isNull() & ~F.col("late"))
+    transform.outputs(valid, OPTIONS, {})["ip_counts"].write.format("noop").mode("overwrite").save()
+    seconds = time.monotonic() - t0
+    print("BENCH:" + json.dumps({"job_s": round(seconds, 3), "python_start": STARTED, "session_ready": ready}),
+          flush=True)
+    if not remote:
+        spark.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
