@@ -14,6 +14,7 @@ the already-started application (tool fetch rate, count(), stage + commit, query
 With --connect, one long-lived Spark Connect server (microbatch's `spark.mode: connect`) also runs, warmed by one
 full read first:
   b'. the raw read + count() of the same ranges through a Connect client (the Spark limit on a warm JVM);
+  b2o. b2 with the stage's observed metrics (records per partition, dead letters, late records, watermark);
   b2'. the bare job through a Connect client;
   c'. microbatch plan + stage (a Connect client process, bench/connect_stage.py) + commit, one batch, and
       batches of N/--split;
@@ -34,6 +35,7 @@ import contextlib
 import re
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from sqlalchemy import text
@@ -92,18 +94,21 @@ def raw_spark(stack: Stack, name: str, ranges_file: Path, records: int, driver_m
             "spark_metrics": spark_task_metrics(events)}
 
 
-def bare_job(stack: Stack, name: str, ranges_file: Path, driver_memory: str, remote: str | None = None) -> dict:
-    """b2 (spark-submit) or b2' (a Connect client of `remote`): read, parse, aggregate, `noop` sink."""
+def bare_job(stack: Stack, name: str, ranges_file: Path, driver_memory: str, remote: str | None = None,
+             observed: bool = False) -> dict:
+    """b2 (spark-submit) or b2' (a Connect client of `remote`): read, parse, aggregate, `noop` sink; `observed`
+    (b2o) adds the stage's observed metrics."""
     env = {"MICROBATCH_KAFKA_BOOTSTRAP": stack.bootstrap}
+    extra = ["observed"] if observed else []
     if remote:
-        result = run_sampled([PYTHON, str(APPS / "bare_job.py"), str(ranges_file)],
+        result = run_sampled([PYTHON, str(APPS / "bare_job.py"), str(ranges_file), *extra],
                              env={**spark_env(bootstrap=stack.bootstrap), "SPARK_REMOTE": remote})
         if result.returncode != 0:
             raise RuntimeError(f"{name}: the bare job over Spark Connect failed:\n{result.stderr[-3000:]}")
         metrics = {}
     else:
         events = stack.work_dir / "events" / name
-        result = spark_submit(APPS / "bare_job.py", [str(ranges_file)], env,
+        result = spark_submit(APPS / "bare_job.py", [str(ranges_file), *extra], env,
                               conf={"spark.sql.shuffle.partitions": "4", **event_logged(events)},
                               driver_memory=driver_memory)
         metrics = spark_task_metrics(events)
@@ -246,6 +251,54 @@ def peer_run(stack: Stack, name: str, records: int, max_offsets: int, driver_mem
             "peak_rss_mb": result.peak_rss_mb, "spark_metrics": spark_task_metrics(events) if events.exists() else {}}
 
 
+def rep_plan(stack: Stack, args: argparse.Namespace, rep: int, split: bool, ranges_file: Path,
+             remote: str | None) -> list[tuple[str, bool, Callable[[], dict]]]:
+    """One repetition's runs, in order: (run, whether it runs in this rep, the measurement)."""
+    n = args.records
+    per = -(-n // args.split)
+    return [
+        ("a_kafka_consumer", True, lambda: consumer_perf(stack, n)),
+        ("b_spark_raw_count", True, lambda: raw_spark(stack, f"b_{rep}", ranges_file, n, args.driver_memory)),
+        ("b2_bare_job", True, lambda: bare_job(stack, f"b2_{rep}", ranges_file, args.driver_memory)),
+        ("b2o_bare_job_observed", True,
+         lambda: bare_job(stack, f"b2o_{rep}", ranges_file, args.driver_memory, observed=True)),
+        ("c_microbatch_1_batch", True, lambda: microbatch_run(stack, f"c1_{rep}", n, n, args.driver_memory)),
+        ("d_peer_1_batch", True, lambda: peer_run(stack, f"d1_{rep}", n, 0, args.driver_memory)),
+        ("b_connect_raw_count", bool(remote), lambda: raw_connect(stack, ranges_file, n, remote)),
+        ("b2_connect_bare_job", bool(remote),
+         lambda: bare_job(stack, f"b2c_{rep}", ranges_file, args.driver_memory, remote)),
+        ("c_connect_1_batch", bool(remote),
+         lambda: microbatch_run(stack, f"cc1_{rep}", n, n, args.driver_memory, remote)),
+        ("d_connect_1_batch", bool(remote), lambda: peer_run(stack, f"dc1_{rep}", n, 0, args.driver_memory,
+                                                             remote)),
+        ("c_microbatch_split", split, lambda: microbatch_run(stack, f"c10_{rep}", n, per, args.driver_memory)),
+        ("d_peer_split", split, lambda: peer_run(stack, f"d10_{rep}", n, per, args.driver_memory)),
+        ("c_connect_split", split and bool(remote),
+         lambda: microbatch_run(stack, f"cc10_{rep}", n, per, args.driver_memory, remote)),
+        ("d_connect_split", split and bool(remote),
+         lambda: peer_run(stack, f"dc10_{rep}", n, per, args.driver_memory, remote)),
+    ]
+
+
+# (label, run, the run it is compared with): records/s of the first over the second. The headline of each mode
+# comes first: against the peer on equal footing, then against the bare job (what exactly-once costs).
+RATIOS = [
+    ("c/d", "c_microbatch_1_batch", "d_peer_1_batch"),
+    ("c/b2", "c_microbatch_1_batch", "b2_bare_job"),
+    ("c/b2o", "c_microbatch_1_batch", "b2o_bare_job_observed"),
+    ("c/b", "c_microbatch_1_batch", "b_spark_raw_count"),
+    ("c/a", "c_microbatch_1_batch", "a_kafka_consumer"),
+    ("c'/d'", "c_connect_1_batch", "d_connect_1_batch"),
+    ("c'/b2'", "c_connect_1_batch", "b2_connect_bare_job"),
+    ("c'/b'", "c_connect_1_batch", "b_connect_raw_count"),
+    ("c'/d", "c_connect_1_batch", "d_peer_1_batch"),
+    ("c'/a", "c_connect_1_batch", "a_kafka_consumer"),
+    ("c_split/d_split", "c_microbatch_split", "d_peer_split"),
+    ("c'_split/d'_split", "c_connect_split", "d_connect_split"),
+    ("c'_split/d_split", "c_connect_split", "d_peer_split"),
+]
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--records", type=int, default=200_000)
@@ -254,6 +307,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--split", type=int, default=10, help="also run batches of records/split")
     parser.add_argument("--split-reps", type=int, default=None, help="reps of the split runs (default --reps)")
     parser.add_argument("--driver-memory", default="1g", help="spark-submit --driver-memory (Spark's default: 1g)")
+    parser.add_argument("--runs", type=lambda v: set(v.split(",")), default=set(),
+                        help="only these runs, comma-separated (e.g. c_microbatch_1_batch,d_peer_1_batch); default all")
     parser.add_argument("--connect", action="store_true",
                         help="also measure b' and c' on one warm Spark Connect server (spark.mode: connect)")
     args = parser.parse_args(argv)
@@ -275,32 +330,11 @@ def main(argv: list[str]) -> int:
             results["connect_warmup"] = raw_connect(stack, ranges_file, n, remote)
         print(f"produced {n:,} records in {results['produce']['seconds']}s; measuring...", flush=True)
         for rep in range(args.reps):
-            runs.setdefault("a_kafka_consumer", []).append(consumer_perf(stack, n))
-            runs.setdefault("b_spark_raw_count", []).append(
-                raw_spark(stack, f"b_{rep}", ranges_file, n, args.driver_memory))
-            runs.setdefault("b2_bare_job", []).append(bare_job(stack, f"b2_{rep}", ranges_file, args.driver_memory))
-            runs.setdefault("c_microbatch_1_batch", []).append(
-                microbatch_run(stack, f"c1_{rep}", n, n, args.driver_memory))
-            runs.setdefault("d_peer_1_batch", []).append(peer_run(stack, f"d1_{rep}", n, 0, args.driver_memory))
-            if remote:
-                runs.setdefault("b_connect_raw_count", []).append(raw_connect(stack, ranges_file, n, remote))
-                runs.setdefault("b2_connect_bare_job", []).append(
-                    bare_job(stack, f"b2c_{rep}", ranges_file, args.driver_memory, remote))
-                runs.setdefault("c_connect_1_batch", []).append(
-                    microbatch_run(stack, f"cc1_{rep}", n, n, args.driver_memory, remote))
-                runs.setdefault("d_connect_1_batch", []).append(
-                    peer_run(stack, f"dc1_{rep}", n, 0, args.driver_memory, remote))
-            if args.split > 1 and rep < split_reps:
-                per = -(-n // args.split)
-                runs.setdefault("c_microbatch_split", []).append(
-                    microbatch_run(stack, f"c10_{rep}", n, per, args.driver_memory))
-                runs.setdefault("d_peer_split", []).append(
-                    peer_run(stack, f"d10_{rep}", n, per, args.driver_memory))
-                if remote:
-                    runs.setdefault("c_connect_split", []).append(
-                        microbatch_run(stack, f"cc10_{rep}", n, per, args.driver_memory, remote))
-                    runs.setdefault("d_connect_split", []).append(
-                        peer_run(stack, f"dc10_{rep}", n, per, args.driver_memory, remote))
+            split = args.split > 1 and rep < split_reps
+            plan = rep_plan(stack, args, rep, split, ranges_file, remote)
+            for key, due, measure in plan:
+                if due and (not args.runs or key in args.runs):
+                    runs.setdefault(key, []).append(measure())
             write_results("throughput_partial", results)  # a long run that dies later keeps its finished reps
             print(f"rep {rep + 1}/{args.reps} done", flush=True)
 
@@ -313,34 +347,27 @@ def main(argv: list[str]) -> int:
             engine_rate = n / median([v["engine_s"] for v in values])
         summary[key] = {"wall_s": wall, "wall_rate": n / wall, "engine_rate": engine_rate, "reps": len(values)}
     results["summary"] = summary
-    c = summary["c_microbatch_1_batch"]
     ratios = {}
-    for label, other in (("c/b", "b_spark_raw_count"), ("c/b2", "b2_bare_job"), ("c/d", "d_peer_1_batch"),
-                         ("c/a", "a_kafka_consumer")):
-        ratios[label] = {"wall": round(c["wall_rate"] / summary[other]["wall_rate"], 3),
-                         "engine": round(c["engine_rate"] / summary[other]["engine_rate"], 3)}
-    if "c_connect_1_batch" in summary:
-        cc = summary["c_connect_1_batch"]
-        for label, other in (("c'/d'", "d_connect_1_batch"), ("c'/b2'", "b2_connect_bare_job"),
-                             ("c'/b'", "b_connect_raw_count"), ("c'/b", "b_spark_raw_count"),
-                             ("c'/d", "d_peer_1_batch"), ("c'/a", "a_kafka_consumer")):
-            ratios[label] = {"wall": round(cc["wall_rate"] / summary[other]["wall_rate"], 3),
-                             "engine": round(cc["engine_rate"] / summary[other]["engine_rate"], 3)}
-    if "c_microbatch_split" in summary:
-        cs, ds = summary["c_microbatch_split"], summary["d_peer_split"]
-        ratios["c_split/d_split"] = {"wall": round(cs["wall_rate"] / ds["wall_rate"], 3),
-                                     "engine": round(cs["engine_rate"] / ds["engine_rate"], 3)}
-        if "c_connect_split" in summary:
-            ccs = summary["c_connect_split"]
-            ratios["c'_split/d_split"] = {"wall": round(ccs["wall_rate"] / ds["wall_rate"], 3),
-                                          "engine": round(ccs["engine_rate"] / ds["engine_rate"], 3)}
-            dcs = summary["d_connect_split"]
-            ratios["c'_split/d'_split"] = {"wall": round(ccs["wall_rate"] / dcs["wall_rate"], 3),
-                                           "engine": round(ccs["engine_rate"] / dcs["engine_rate"], 3)}
+    for label, mine, other in RATIOS:
+        if mine in summary and other in summary:
+            ratios[label] = {"wall": round(summary[mine]["wall_rate"] / summary[other]["wall_rate"], 3),
+                             "engine": round(summary[mine]["engine_rate"] / summary[other]["engine_rate"], 3)}
     results["ratios"] = ratios
-    c_runs = runs["c_microbatch_1_batch"]
+    c_runs = runs.get("c_microbatch_1_batch", [])
     phase_keys = ("plan_s", "stage_wall_s", "stage_engine_s", "read_s", "stage_write_s", "commit_s")
-    results["phases_c_1_batch_median"] = {k: median([r[k] for r in c_runs]) for k in phase_keys}
+    results["phases_c_1_batch_median"] = {k: median([r[k] for r in c_runs]) for k in phase_keys} if c_runs else {}
+    # Per batch, each run of microbatch: the Spark job (the stage's one pass) and what each batch pays around it.
+    per_batch = []
+    for key in ("c_microbatch_1_batch", "c_connect_1_batch", "c_microbatch_split", "c_connect_split"):
+        if key in runs:
+            b = median([r["batches"] for r in runs[key]])
+            job = median([r["stage_engine_s"] for r in runs[key]]) / b
+            plan_s = median([r["plan_s"] for r in runs[key]]) / b
+            around = median([r["stage_wall_s"] - r["stage_engine_s"] for r in runs[key]]) / b
+            commit_s = median([r["commit_s"] for r in runs[key]]) / b
+            per_batch.append([key, b, round(job, 3), round(plan_s, 3), round(around, 3), round(commit_s, 3),
+                              round(plan_s + around + commit_s, 3)])
+    results["per_batch"] = per_batch
     if "c_connect_1_batch" in runs:
         results["phases_c_connect_median"] = {k: median([r[k] for r in runs["c_connect_1_batch"]])
                                               for k in phase_keys}
@@ -360,6 +387,9 @@ def main(argv: list[str]) -> int:
     print_table("microbatch, one batch: phases (medians, s)", ["phase", "spark-submit", "Spark Connect"],
                 [[k, v, results.get("phases_c_connect_median", {}).get(k, "-")]
                  for k, v in results["phases_c_1_batch_median"].items()])
+    print_table("microbatch per batch (medians, s): the Spark job, and the fixed cost around it", [
+        "run", "batches", "Spark job", "plan", "stage outside the job (JVM or client start, session)", "commit",
+        "fixed cost"], per_batch)
     print_table("Peak RSS, MB (max over runs)", ["process", "MB"], [[k, v] for k, v in sorted(peak.items())])
     by_size = [[f"{key} ({n // runs[key][0]['batches']:,} records per batch)",
                 median([r["peak_rss_mb"].get("stage_jvm", 0) for r in runs[key]]),
@@ -369,7 +399,8 @@ def main(argv: list[str]) -> int:
     print_table("Stage driver JVM by batch size (spark-submit, medians)", ["run", "peak RSS MB", "heap after GC MB"],
                 by_size)
     spark_rows = []
-    for key in ("b_spark_raw_count", "b2_bare_job", "c_microbatch_1_batch", "d_peer_1_batch", "c_microbatch_split",
+    for key in ("b_spark_raw_count", "b2_bare_job", "b2o_bare_job_observed", "c_microbatch_1_batch", "d_peer_1_batch",
+                "c_microbatch_split",
                 "d_peer_split"):
         metrics = [r["spark_metrics"] for r in runs.get(key, []) if r.get("spark_metrics")]
         if metrics:
@@ -381,7 +412,7 @@ def main(argv: list[str]) -> int:
                 "over tasks)", ["run", "stages", "tasks", "executor run s", "executor CPU s", "GC s",
                                 "deserialize s", "CPU µs/record", "shuffle write MB"], spark_rows)
     py_rows = []
-    for kind in ("plan", "stage", "commit"):
+    for kind in ("plan", "stage", "commit") if c_runs else ():
         cpu = median([r["python_cpu_s"][kind] for r in c_runs])
         imports = median([r["python_import_s"][kind] for r in c_runs])
         wall = median([r["stage_wall_s" if kind == "stage" else f"{kind}_s"] for r in c_runs])

@@ -3,7 +3,9 @@ parse, keep the valid records, aggregate per window and IP as the job does, and 
 The difference between this and microbatch's stage + commit is the exactly-once machinery: the ledger, the
 observed counts, the staging write and the commit.
 
-spark-submit bare_job.py RANGES_JSON   (env MICROBATCH_KAFKA_BOOTSTRAP); prints BENCH:{json}.
+spark-submit bare_job.py RANGES_JSON [observed]   (env MICROBATCH_KAFKA_BOOTSTRAP); prints BENCH:{json}.
+With `observed`, the parsed records also carry the stage's observed metrics (records per partition, dead letters,
+late records, the watermark): b2o, which tells their cost apart from the ledger's.
 With SPARK_REMOTE=sc://... it runs as a plain Python Spark Connect client of that server instead.
 """
 
@@ -17,10 +19,10 @@ from pathlib import Path
 
 STARTED = time.time()
 
-from pyspark.sql import SparkSession  # noqa: E402
+from pyspark.sql import Observation, SparkSession  # noqa: E402
 from pyspark.sql import functions as F  # noqa: E402
 
-from microbatch.phases.stage import kafka_read_options, with_pooled_consumers  # noqa: E402
+from microbatch.phases.stage import kafka_read_options, read_metrics, with_pooled_consumers  # noqa: E402
 from microbatch.types import OffsetRange  # noqa: E402
 from spark_jobs.ip_count import transform  # noqa: E402
 
@@ -41,10 +43,16 @@ def main(argv: list[str]) -> int:
     t0 = time.monotonic()
     records = spark.read.format("kafka").options(**with_pooled_consumers(options)).load()
     parsed = transform.parse(records, OPTIONS, {})
+    observation = Observation("bare")
+    if argv[1:] == ["observed"]:
+        keys = sorted({(r.topic, r.partition) for r in ranges})
+        parsed = parsed.observe(observation, *[e.alias(k) for k, e in read_metrics(transform, OPTIONS, keys).items()])
     valid = parsed.where(F.col("error").isNull() & ~F.col("late"))
     transform.outputs(valid, OPTIONS, {})["ip_counts"].write.format("noop").mode("overwrite").save()
     seconds = time.monotonic() - t0
-    print("BENCH:" + json.dumps({"job_s": round(seconds, 3), "python_start": STARTED, "session_ready": ready}),
+    observed = observation.get if argv[1:] == ["observed"] else {}
+    print("BENCH:" + json.dumps({"job_s": round(seconds, 3), "observed": {k: str(v) for k, v in observed.items()},
+                                 "python_start": STARTED, "session_ready": ready}),
           flush=True)
     if not remote:
         spark.stop()

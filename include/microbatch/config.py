@@ -611,11 +611,12 @@ class SparkSpec(_Strict):
             return conf
         server_side = sorted(key for key in conf if not key.startswith("spark.sql."))
         if server_side:
-            may = " (mode 'auto' runs as one where a Connect server is set)" if mode == "auto" else ""
+            auto = "; mode 'auto' runs as a Connect client where MICROBATCH_SPARK_REMOTE is set" if mode == "auto" \
+                else ""
             raise ValueError(
-                f"sets {', '.join(server_side)}, which a Spark Connect session cannot change{may} (only spark.sql.* "
-                "settings apply per session); set it on the Connect server (its --conf) and remove it here, or "
-                "use mode 'submit'"
+                f"sets {', '.join(server_side)}, which a Spark Connect session cannot change (only spark.sql.* "
+                f"settings apply per session{auto}); set it on the Connect server (its --conf) and remove it here, "
+                "or use mode 'submit'"
             )
         return conf
 

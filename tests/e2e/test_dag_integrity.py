@@ -20,7 +20,8 @@ def load_dagbag(dag_folder: Path):
     return DagBag(dag_folder=str(dag_folder))
 
 
-def test_dags_import_with_tags_and_retries():
+def test_dags_import_with_tags_and_retries(monkeypatch):
+    monkeypatch.delenv("MICROBATCH_SPARK_REMOTE", raising=False)  # the shipped `spark.mode: auto`: spark-submit
     bag = load_dagbag(ROOT / "dags")
     assert bag.import_errors == {}
     dag = bag.dags["ip_count"]
@@ -98,6 +99,20 @@ def test_connect_mode_stage_is_the_connect_operator_between_plan_and_commit(tmp_
         assert stage.upstream_task_ids == {"plan"} and stage.retries == 3
         assert dag.get_task("commit").upstream_task_ids == {"plan", "stage"}
         assert stage.batch_ids == "{{ ti.xcom_pull(task_ids='plan') }}"  # plan's batch id(s), as submit mode reads them
+
+
+def test_shipped_pipelines_stage_on_the_connect_server_where_the_stack_sets_one(monkeypatch):
+    """The path of `make demo` / `make airflow`: the shipped specs (no MICROBATCH_PIPELINES_DIR), `spark.mode: auto`,
+    and the stack's MICROBATCH_SPARK_REMOTE: every DAG stages as a Connect client; without it, spark-submit."""
+    monkeypatch.delenv("MICROBATCH_PIPELINES_DIR", raising=False)
+    monkeypatch.setenv("MICROBATCH_SPARK_REMOTE", "sc://localhost:15010/;token=t")
+    bag = load_dagbag(ROOT / "dags")
+    assert bag.import_errors == {}
+    for dag_id in ("ip_count", "ip_count__backfill", "clicks", "clicks__backfill"):
+        assert bag.dags[dag_id].get_task("stage").task_type == "ConnectStageOperator", dag_id
+    monkeypatch.delenv("MICROBATCH_SPARK_REMOTE")
+    bag = load_dagbag(ROOT / "dags")
+    assert {bag.dags[d].get_task("stage").task_type for d in ("ip_count", "clicks")} == {"SubmitStageOperator"}
 
 
 def test_spark_remote_from_env_or_spark_connect_connection(monkeypatch):

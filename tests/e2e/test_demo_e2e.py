@@ -121,6 +121,13 @@ def test_make_demo_on_a_fresh_copy_prints_exact_results_and_runs_again(tmp_path:
         # The summary, not Airflow's structured log: that went to the file whose path is printed.
         log_path = Path(re.search(r"Airflow's task log: (\S+)", output).group(1))
         assert log_path.is_relative_to(copy / ".cache") and "stage" in log_path.read_text()
+        # The shipped pipelines (`spark.mode: auto`) staged every batch on the stack's Spark Connect server.
+        state = json.loads((copy / ".cache" / "devstack" / "state.json").read_text())
+        task_log = log_path.read_text()
+        for pipeline in ("ip_count", "clicks"):
+            assert re.search(rf"stage {pipeline}: staged batch \d+ through Spark Connect at sc://localhost:"
+                             rf"{state['connect_port']}", task_log), pipeline
+        assert "spark-submit" not in task_log
         assert "[info     ]" not in output and len(output.splitlines()) < 200, output[-3000:]
 
         state = json.loads((copy / ".cache" / "devstack" / "state.json").read_text())
@@ -166,6 +173,7 @@ def test_make_demo_on_a_fresh_copy_prints_exact_results_and_runs_again(tmp_path:
     assert down.returncode == 0, down.stdout + down.stderr
     assert state, "the demo never wrote the stack's state"
     assert not port_open(state["kafka_port"]) and not port_open(state["postgres_port"])
+    assert not port_open(state["connect_port"]), "make down left the Spark Connect server running"
     gone = _cli(copy, "status")
     assert gone.returncode == 2
     assert gone.stdout.strip().startswith("error: ") and "make demo" in gone.stdout and "Traceback" not in gone.stdout

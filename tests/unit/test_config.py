@@ -85,9 +85,15 @@ def test_durations_and_presets():
         assert PipelineSpec.model_validate(data).schedule_value == expected
 
 
+def without_spark_mode() -> dict:
+    data = base()
+    data["spark"].pop("mode")
+    return data
+
+
 def test_spark_mode_defaults_and_connection_of_each_mode(tmp_path):
-    assert load_spec(write(tmp_path, base())).spark.mode == "submit"
-    assert load_spec(write(tmp_path, base())).spark.connection == "spark_default"
+    assert load_spec(write(tmp_path, without_spark_mode())).spark.mode == "submit"
+    assert load_spec(write(tmp_path, without_spark_mode())).spark.connection == "spark_default"
     data = base()
     data["spark"] = {"mode": "connect", "conf": {"spark.sql.shuffle.partitions": "4"}}
     spec = load_spec(write(tmp_path, data))
@@ -114,8 +120,39 @@ def test_connect_mode_refuses_settings_a_session_cannot_change(tmp_path):
 def test_unknown_spark_mode_names_the_field(tmp_path):
     data = base()
     data["spark"]["mode"] = "kubernetes"
-    with pytest.raises(SpecError, match=r"demo.yaml: field 'spark.mode' Input should be 'submit' or 'connect'"):
+    with pytest.raises(SpecError, match=r"demo.yaml: field 'spark.mode' Input should be 'submit', 'connect' or 'auto'"):
         load_spec(write(tmp_path, data))
+
+
+def test_auto_mode_resolves_by_the_connect_server_and_takes_that_modes_connection(tmp_path):
+    data = base()
+    data["spark"] = {"mode": "auto", "conf": {"spark.sql.shuffle.partitions": "4"}}
+    spark = load_spec(write(tmp_path, data)).spark
+    assert (spark.mode, spark.connection) == ("auto", None)
+    assert (spark.resolved(True).mode, spark.resolved(True).connection) == ("connect", "spark_connect_default")
+    assert (spark.resolved(False).mode, spark.resolved(False).connection) == ("submit", "spark_default")
+    assert spark.resolved(True).conf == spark.conf
+    explicit = load_spec(write(tmp_path, without_spark_mode())).spark
+    assert explicit.resolved(True) == explicit  # only auto follows the server
+
+
+def test_auto_mode_refuses_a_connection_and_server_side_settings(tmp_path):
+    data = base()
+    data["spark"] = {"mode": "auto", "connection": "spark_default"}
+    with pytest.raises(SpecError, match=r"demo.yaml: field 'spark.connection' is not used in mode 'auto'"):
+        load_spec(write(tmp_path, data))
+    data["spark"] = {"mode": "auto", "conf": {"spark.ui.enabled": "false"}}
+    with pytest.raises(SpecError) as error:
+        load_spec(write(tmp_path, data))
+    assert str(error.value).startswith("demo.yaml: field 'spark.conf' sets spark.ui.enabled, which a Spark Connect")
+    assert "mode 'auto' runs as a Connect client where MICROBATCH_SPARK_REMOTE is set" in str(error.value)
+
+
+def test_shipped_pipelines_run_in_auto_mode():
+    from microbatch.config import PIPELINES_DIR
+
+    for name in ("ip_count", "clicks"):
+        assert load_spec(PIPELINES_DIR / f"{name}.yaml").spark.mode == "auto"
 
 
 @pytest.mark.parametrize("path", spec_paths(PIPELINES_DIR), ids=lambda p: p.stem)
