@@ -13,12 +13,18 @@ reports (medians):
   commit_s): the difference is the task process start (and for the stage, spark-submit's JVM +
   Spark start).
 
-    PYTHONPATH=include:. .venv/bin/python bench/airflow_overhead.py --records 5000 --batch 1000
+With --connect the stage tasks are clients of one warm Spark Connect server (`spark.mode: connect`, as on the
+local stack of `make airflow`), and the last table sums what each batch pays beyond its Spark job: plan,
+commit, the stage task outside its job (process and client start, session) and Airflow's gaps.
+--idle-sleep sets the scheduler's `scheduler_idle_sleep_time` (the local stack's default is dev/airflow.py's).
+
+    PYTHONPATH=include:. .venv/bin/python bench/airflow_overhead.py --records 5000 --batch 1000 --connect
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import os
 import sys
@@ -81,6 +87,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--batch", type=int, default=1_000, help="max records per batch")
     parser.add_argument("--idle-runs", type=int, default=5, help="runs that find nothing new, after the last commit")
     parser.add_argument("--timeout", type=float, default=1800)
+    parser.add_argument("--connect", action="store_true", help="stage on a warm Spark Connect server")
+    parser.add_argument("--idle-sleep", type=float, default=None,
+                        help="[scheduler] scheduler_idle_sleep_time, s (default: the local stack's)")
     args = parser.parse_args(argv)
     results: dict = {"machine": machine(), "args": vars(args)}
 
@@ -90,7 +99,7 @@ def main(argv: list[str]) -> int:
     from microbatch.dev.kafka import create_topic
     from microbatch.ledger.database import transaction
 
-    with local_stack("mb-overhead-") as stack:
+    with local_stack("mb-overhead-") as stack, contextlib.ExitStack() as servers:
         create_topic(stack.bootstrap, TOPIC, 4)
         produce_lines(stack.bootstrap, TOPIC, generate_lines(args.records, malformed=0.0, seed=3))
         url = stack.fresh_ledger("overhead")
@@ -99,9 +108,18 @@ def main(argv: list[str]) -> int:
         spec = yaml.safe_load(spec_path.read_text())
         spec["schedule"] = "@continuous"
         spec["retries"] = {"count": 0, "delay_seconds": 1}
-        spec_path.write_text(yaml.safe_dump(spec))
         env = {**localenv.local_env(), "MICROBATCH_LEDGER_URL": url, "MICROBATCH_KAFKA_BOOTSTRAP": stack.bootstrap,
                "MICROBATCH_PIPELINES_DIR": str(spec_dir)}
+        if args.connect:
+            from microbatch.dev.spark import SparkConnectServer
+
+            server = servers.enter_context(SparkConnectServer(stack.work_dir / "connect"))
+            env["MICROBATCH_SPARK_REMOTE"] = server.remote
+            spec["spark"] = {"mode": "connect", "conf": {k: v for k, v in spec["spark"]["conf"].items()
+                                                         if k.startswith("spark.sql.")}}
+        if args.idle_sleep is not None:
+            env["AIRFLOW__SCHEDULER__SCHEDULER_IDLE_SLEEP_TIME"] = str(args.idle_sleep)
+        spec_path.write_text(yaml.safe_dump(spec))
         home = stack.work_dir / "airflow"
         home.mkdir()
         server = AirflowStandalone({**os.environ, **env}, home, stack.work_dir / "airflow.log")
@@ -161,6 +179,18 @@ def main(argv: list[str]) -> int:
             inside.setdefault(f"{ti['task_id']}: overhead (duration - work)", []).append(ti["duration"] - (inner or 0))
     results["gaps_s"] = gaps
     results["tasks_s"] = inside
+    # Per work run: what the batch pays beyond its Spark job (plan, commit, the stage task outside its job, and
+    # Airflow's gaps), i.e. the whole run, plus the gap to the next run, minus the job.
+    fixed = []
+    for run in runs:
+        timings = work.get(run["dag_run_id"])
+        if run["state"] != "success" or not timings or not run.get("start_date") or not run.get("end_date"):
+            continue
+        job = (timings.get("read_s") or 0) + (timings.get("stage_write_s") or 0)
+        fixed.append(_ts(run["end_date"]) - _ts(run["start_date"]) - job)
+    between = median(gaps.get("run end -> next run start", [0.0]))
+    results["fixed_cost_per_batch_s"] = {"runs": len(fixed), "median_in_run": median(fixed) if fixed else None,
+                                         "with_gap_to_next_run": (median(fixed) + between) if fixed else None}
     results["runs"] = len(runs)
     results["batches"] = len(batches)
     results["command"] = reproduce_command("airflow_overhead.py", argv)
@@ -170,6 +200,11 @@ def main(argv: list[str]) -> int:
                 [[k, len(v), median(v), max(v)] for k, v in sorted(gaps.items())])
     print_table("Task duration against the work inside it (work runs; medians, s)", ["task", "n", "median s"],
                 [[k, len(v), median(v)] for k, v in inside.items()])
+    cost = results["fixed_cost_per_batch_s"]
+    print_table("What a batch pays beyond its Spark job (work runs; medians, s)", ["", "s"], [
+        ["in the DAG run (plan, commit, stage outside its job, gaps)", cost["median_in_run"]],
+        ["with the gap to the next run (@continuous)", cost["with_gap_to_next_run"]]])
+    path = write_results("airflow_overhead", results)
     print(f"results: {path}\nreproduce: {results['command']}")
     return 0
 

@@ -9,12 +9,18 @@ A second part measures the staging bulk write itself inside spark-submit: Spark 
 reWriteBatchedInserts=true (what staging.py uses), plain JDBC batches, and COPY FROM STDIN per
 partition (psycopg), into stage_ip_counts.
 
+With --explain ROWS it profiles one steady-state commit of ROWS staged rows instead: every statement the commit
+runs, with PostgreSQL's auto_explain (ANALYZE, BUFFERS, nested statements) sent back as notices, so the table
+shows where the commit's time goes, statement by statement.
+
     PYTHONPATH=include:. .venv/bin/python bench/commit_cost.py
+    PYTHONPATH=include:. .venv/bin/python bench/commit_cost.py --explain 80000
 """
 
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 import time
 from datetime import UTC, datetime, timedelta
@@ -100,6 +106,50 @@ def commit_once(url: str, spec, batch_id: int) -> float:
     return time.monotonic() - t0
 
 
+AUTO_EXPLAIN = ("LOAD 'auto_explain'", "SET LOCAL auto_explain.log_min_duration = 0",
+                "SET LOCAL auto_explain.log_analyze = on", "SET LOCAL auto_explain.log_buffers = on",
+                "SET LOCAL auto_explain.log_nested_statements = on", "SET LOCAL auto_explain.log_level = notice",
+                "SET LOCAL client_min_messages = notice")
+
+
+def explained_commit(url: str, spec, batch_id: int) -> tuple[float, list[dict]]:
+    """One commit with auto_explain: (seconds, one entry per statement: ms, its text, its plan)."""
+    from microbatch.ledger.database import transaction
+    from microbatch.phases.commit import commit_batch
+
+    notices: list[str] = []
+    t0 = time.monotonic()
+    with transaction(url) as session:
+        session.connection().connection.driver_connection.add_notice_handler(
+            lambda diag: notices.append(diag.message_primary or ""))
+        for statement in AUTO_EXPLAIN:
+            session.execute(text(statement))
+        commit_batch(session, spec, batch_id)
+    took = time.monotonic() - t0
+    statements = []
+    for notice in notices:
+        match = re.match(r"duration: ([\d.]+) ms\s+plan:\s*Query Text: (.*?)\n(.*)", notice, re.S)
+        if match:
+            statements.append({"ms": float(match.group(1)), "query": " ".join(match.group(2).split()),
+                               "plan": match.group(3)})
+    return took, statements
+
+
+def explain_scenario(postgres, work: Path, rows: int) -> dict:
+    """A first commit (it creates the positions), then one steady-state commit of `rows` staged rows over 8
+    partitions, explained."""
+    from microbatch.config import find_spec
+    from microbatch.ledger.database import migrate
+
+    postgres.create_database("explain")
+    url = postgres.url("explain")
+    migrate(url)
+    spec = find_spec("ip_count", write_spec(work / "specs" / "explain", [TOPIC], 1_000_000))
+    commit_once(url, spec, stage_batch_sql(url, spec, 0, 1_000_000, 8, rows, 0.0))
+    took, statements = explained_commit(url, spec, stage_batch_sql(url, spec, 1, 1_000_000, 8, rows, 0.0))
+    return {"rows": rows, "commit_s": round(took, 4), "statements": statements}
+
+
 def scenario(postgres, work: Path, name: str, records: int, partitions: int, rows: int, reps: int,
              dead_share: float = 0.0) -> dict:
     from microbatch.config import find_spec
@@ -134,7 +184,11 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--write-rows", type=int, default=500_000, help="rows of the staging-write comparison")
     parser.add_argument("--skip-write", action="store_true")
+    parser.add_argument("--explain", type=int, default=0, metavar="ROWS",
+                        help="only profile one commit of ROWS staged rows with auto_explain")
     args = parser.parse_args(argv)
+    if args.explain:
+        return explain_main(args, argv)
     import shutil
     import tempfile
 
@@ -184,6 +238,31 @@ def main(argv: list[str]) -> int:
                     ["path", "seconds", "rows/s"],
                     [[k, v, args.write_rows / v] for k, v in w["median_s"].items()])
     print(f"results: {path}\nreproduce: {results['command']}")
+    return 0
+
+
+def explain_main(args: argparse.Namespace, argv: list[str]) -> int:
+    import shutil
+    import tempfile
+
+    from microbatch.dev.postgres import LocalPostgres
+
+    work = Path(tempfile.mkdtemp(prefix="mb-bench-explain-"))
+    work.chmod(0o755)
+    postgres = LocalPostgres(work / "postgres")
+    try:
+        postgres.start()
+        results = {"machine": machine(), "args": vars(args), **explain_scenario(postgres, work, args.explain)}
+    finally:
+        postgres.stop()
+        shutil.rmtree(work, ignore_errors=True)
+    results["command"] = reproduce_command("commit_cost.py", argv)
+    path = write_results("commit_explain", results)
+    ranked = sorted(results["statements"], key=lambda st: -st["ms"])
+    print_table(f"One commit of {args.explain:,} staged rows over 8 partitions: {results['commit_s'] * 1000:.0f} ms; "
+                "its statements by time (auto_explain, ANALYZE + BUFFERS)", ["ms", "statement", "top plan node"],
+                [[st["ms"], st["query"][:110], st["plan"].strip().splitlines()[0][:70]] for st in ranked[:12]])
+    print(f"results (each statement's whole plan): {path}\nreproduce: {results['command']}")
     return 0
 
 

@@ -1,6 +1,8 @@
 """The README's Airflow path, as a user runs it: `make airflow`, sample lines from `microbatch generate`, the
 shipped `ip_count` DAG unpaused and run by the scheduler (the shipped spec directory, no
-MICROBATCH_PIPELINES_DIR), `make connect`, then `make down`, which must leave no process of that stack running.
+MICROBATCH_PIPELINES_DIR) as a client of the Spark Connect server that `make airflow` starts (the shipped
+`spark.mode: auto`), `make connect` (which finds that server up), then `make down`, which must leave no process
+of that stack running.
 
 The sink is compared with a recount of the topic's lines made here, by a parse of its own.
 """
@@ -215,10 +217,17 @@ def test_scheduled_run_under_airflow_standalone_then_make_down_leaves_no_process
                                 env={**env, **stack}, capture_output=True, text=True, timeout=120, check=False)
         assert verify.returncode == 0, verify.stdout + verify.stderr
 
-        # `make connect` adds the last kind of process the stack has: a detached Spark Connect server.
+        # The stage tasks ran as clients of the stack's Spark Connect server, which `make airflow` started.
+        assert port_open(state["connect_port"]) and stack["MICROBATCH_SPARK_REMOTE"]
+        task_logs = " ".join(f.read_text(errors="replace") for f in (cache / "airflow" / "logs").rglob("*.log"))
+        assert re.search(rf"staged batch \d+ through Spark Connect at sc://localhost:{state['connect_port']}",
+                         task_logs), "no stage task ran on the stack's Spark Connect server"
+        # `make connect` finds that server up and keeps it.
         connect = subprocess.run([*MAKE, "connect"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=240,
                                  check=False)
         assert connect.returncode == 0, connect.stdout + connect.stderr
+        assert "already up" in connect.stdout, connect.stdout
+        assert json.loads(state_file.read_text())["connect_port"] == state["connect_port"]
         state = json.loads(state_file.read_text())
         assert port_open(state["connect_port"]) and "airflow_pid" in state
         assert len(stack_processes(cache, airflow.pid)) > 10  # standalone's components, Kafka, PostgreSQL, Connect

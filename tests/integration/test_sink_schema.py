@@ -75,7 +75,8 @@ def test_migrate_creates_the_tables_of_a_new_sink(ledger_url: str, tmp_path: Pat
             "ix_stage_probe_views_batch": ["batch_id", "attempt"]}
         assert inspector.get_pk_constraint("probe_views_contributions")["constrained_columns"] == [
             "batch_id", "topic", "partition", "page", "minute"]
-        assert [fk["referred_table"] for fk in inspector.get_foreign_keys("probe_views_contributions")] == ["batches"]
+        # No foreign key: its per-row check dominated the commit (bench/commit_cost.py --explain).
+        assert inspector.get_foreign_keys("probe_views_contributions") == []
         assert not any(c["nullable"] for c in inspector.get_columns("stage_probe_views"))
         check(conn, spec)
     assert columns_of(ledger_url, "probe_views")["views"] == "BIGINT"
@@ -94,8 +95,8 @@ def _cli() -> Any:
 
 def test_an_additive_change_is_applied(ledger_url: str) -> None:
     with get_engine(ledger_url).begin() as conn:
-        assert apply(conn, probe_views()) == [
-            "create table probe_views", "create table stage_probe_views", "create table probe_views_contributions"]
+        assert sorted(apply(conn, probe_views())) == [
+            "create table probe_views", "create table probe_views_contributions", "create table stage_probe_views"]
         conn.execute(text("INSERT INTO probe_views VALUES ('/home', now(), 3)"))
     windowed = probe_views(window={"start": "minute", "end": "minute"})
     with get_engine(ledger_url).connect() as conn, pytest.raises(SpecError, match="run `microbatch migrate`"):
@@ -107,8 +108,8 @@ def test_an_additive_change_is_applied(ledger_url: str) -> None:
     raw["sinks"].append({**raw["sinks"][0], "name": "probe_hits", "table": "probe_hits", "window": None})
     two = PipelineSpec.model_validate(raw)
     with get_engine(ledger_url).begin() as conn:
-        assert apply(conn, two) == [
-            "create table probe_hits", "create table stage_probe_hits", "create table probe_hits_contributions"]
+        assert sorted(apply(conn, two)) == [
+            "create table probe_hits", "create table probe_hits_contributions", "create table stage_probe_hits"]
         check(conn, two)
         assert conn.execute(text("SELECT views FROM probe_views")).scalar_one() == 3
     # A new nullable column (a row sink's new column) is added, to a table with rows too.
