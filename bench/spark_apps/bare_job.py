@@ -19,8 +19,9 @@ from pathlib import Path
 
 STARTED = time.time()
 
-from pyspark.sql import Observation, SparkSession  # noqa: E402
+from pyspark.sql import Observation  # noqa: E402
 from pyspark.sql import functions as F  # noqa: E402
+from session import bench_session  # noqa: E402
 
 from microbatch.phases.stage import kafka_read_options, read_metrics, with_pooled_consumers  # noqa: E402
 from microbatch.types import OffsetRange  # noqa: E402
@@ -31,13 +32,7 @@ OPTIONS = {"window_seconds": 5, "allowed_lateness_seconds": 5}
 
 def main(argv: list[str]) -> int:
     ranges = [OffsetRange(**r) for r in json.loads(Path(argv[0]).read_text())]
-    remote = os.environ.get("SPARK_REMOTE")
-    if remote:
-        spark = SparkSession.builder.remote(remote).getOrCreate()
-        spark.conf.set("spark.sql.shuffle.partitions", "4")
-    else:
-        spark = SparkSession.builder.appName("bench-bare-job").getOrCreate()
-        spark.sparkContext.setLogLevel("WARN")
+    spark, remote = bench_session("bench-bare-job")
     ready = time.time()
     options = kafka_read_options(ranges, os.environ["MICROBATCH_KAFKA_BOOTSTRAP"], "read_committed")
     t0 = time.monotonic()

@@ -21,8 +21,8 @@ import time
 STARTED = time.time()
 
 import psycopg  # noqa: E402
-from pyspark.sql import SparkSession  # noqa: E402
 from pyspark.sql import functions as F  # noqa: E402
+from session import bench_session  # noqa: E402
 from sqlalchemy import make_url  # noqa: E402
 
 from microbatch.phases.stage import jdbc_options  # noqa: E402
@@ -49,13 +49,7 @@ def main(argv: list[str]) -> int:
     url = make_url(ledger)
     conninfo = dict(host=url.host, port=url.port, user=url.username, password=url.password, dbname=url.database)
     jdbc = jdbc_options(ledger)
-    remote = os.environ.get("SPARK_REMOTE")
-    if remote:
-        spark = SparkSession.builder.remote(remote).getOrCreate()
-        spark.conf.set("spark.sql.shuffle.partitions", "4")
-    else:
-        spark = SparkSession.builder.appName("bench-peer").getOrCreate()
-        spark.sparkContext.setLogLevel("WARN")
+    spark, remote = bench_session("bench-peer")
     ready = time.time()
     batches: list[dict] = []
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 STARTED = time.time()
 
-from pyspark.sql import SparkSession  # noqa: E402
+from session import bench_session  # noqa: E402
 
 from microbatch.phases.stage import kafka_read_options  # noqa: E402
 from microbatch.types import OffsetRange  # noqa: E402
@@ -23,12 +23,7 @@ def main(argv: list[str]) -> int:
     import os
 
     ranges = [OffsetRange(**r) for r in json.loads(Path(argv[0]).read_text())]
-    remote = os.environ.get("SPARK_REMOTE")
-    if remote:
-        spark = SparkSession.builder.remote(remote).getOrCreate()
-    else:
-        spark = SparkSession.builder.appName("bench-raw-count").getOrCreate()
-        spark.sparkContext.setLogLevel("WARN")
+    spark, remote = bench_session("bench-raw-count")
     ready = time.time()
     options = kafka_read_options(ranges, os.environ["MICROBATCH_KAFKA_BOOTSTRAP"], "read_committed")
     t0 = time.monotonic()

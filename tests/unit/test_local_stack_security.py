@@ -52,3 +52,10 @@ def test_the_connect_token_reaches_neither_the_command_line_nor_a_non_localhost_
     # The Connect client sends a token without TLS to `localhost` only.
     assert server.remote == "sc://localhost:15999/;token=tok-123"
     assert SparkConnectServer(tmp_path, port=15999).remote == "sc://127.0.0.1:15999"
+
+
+def test_the_local_scheduler_naps_briefly_between_idle_loops_unless_told_otherwise() -> None:
+    """Each batch of a @continuous DAG waited out the scheduler's idle sleep between its tasks (Airflow's 1 s)."""
+    assert float(loopback_env({})["AIRFLOW__SCHEDULER__SCHEDULER_IDLE_SLEEP_TIME"]) < 1
+    assert loopback_env({"AIRFLOW__SCHEDULER__SCHEDULER_IDLE_SLEEP_TIME": "1"})[
+        "AIRFLOW__SCHEDULER__SCHEDULER_IDLE_SLEEP_TIME"] == "1"
