@@ -12,7 +12,6 @@ import logging
 import os
 import sys
 import time
-import types
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
@@ -609,10 +608,12 @@ def _run_demo_dag(pipeline: str, log_file: Path) -> None:
         raise typer.Exit(1)
 
 
-def _start_connect_server(devstack: types.ModuleType) -> None:
+def _start_connect_server() -> None:
     """Start (or reuse) the stack's Spark Connect server and point MICROBATCH_SPARK_REMOTE at it, so the shipped
     pipelines (`spark.mode: auto`) stage as its clients: on one machine that is the fast path (docs/performance.md:
     no JVM start per batch). `make down` stops it with the rest of the stack."""
+    from microbatch.dev import stack as devstack
+
     try:
         os.environ[settings.SPARK_REMOTE_ENV] = devstack.connect()
     except RuntimeError as exc:
@@ -634,7 +635,7 @@ def demo(count: int = 10_000) -> None:
         raise MicrobatchError(f"The local stack did not start: {exc}",
                               fix="Fix the cause in that log, then run `make down` and `make demo` again.") from None
     os.environ.update(env)
-    _start_connect_server(devstack)
+    _start_connect_server()
     run_migrate(env["MICROBATCH_LEDGER_URL"])
     _create_output_topics("ip_count")
     console.print(f"services ready in {time.monotonic() - started:.1f}s")
@@ -666,7 +667,7 @@ def airflow() -> None:
     localenv.apply()
     env = devstack.up()
     os.environ.update(env)
-    _start_connect_server(devstack)
+    _start_connect_server()
     run_migrate(env["MICROBATCH_LEDGER_URL"])
     create_topic(env["MICROBATCH_KAFKA_BOOTSTRAP"], "ip_count_source", 4)
     _create_output_topics("ip_count")
