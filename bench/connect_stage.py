@@ -1,7 +1,10 @@
 """The stage phase in Spark Connect mode, as the Airflow stage task runs it: a Connect client session on a
 long-lived server (SPARK_REMOTE=sc://HOST:PORT) and the same staging.stage_batches, so no JVM starts per batch.
 
-    SPARK_REMOTE=sc://127.0.0.1:15002 connect_stage.py PIPELINE BATCH_ID   -> BENCH:{json}
+    SPARK_REMOTE=sc://127.0.0.1:15002 connect_stage.py PIPELINE BATCH_ID [fresh]   -> BENCH:{json}
+
+It reattaches to the server-side session that the pipeline's scheduled DAG shares, as the stage task does; with
+`fresh`, it opens a new session instead (and leaves it to the server's idle timeout, as a killed task would).
 """
 
 from __future__ import annotations
@@ -24,7 +27,8 @@ def main(argv: list[str]) -> int:
     imported = time.monotonic() - STARTED
     spec = find_spec(argv[0])
     t0 = time.monotonic()
-    spark = connect_session(os.environ["SPARK_REMOTE"], spec.spark.conf)
+    share_key = None if argv[2:] == ["fresh"] else spec.name  # the scheduled DAG's id
+    spark = connect_session(os.environ["SPARK_REMOTE"], spec.spark.conf, share_key=share_key)
     connected = time.monotonic() - t0
     t1 = time.monotonic()
     results = stage_batches(spark, spec, [int(argv[1])], settings.ledger_url(),

@@ -17,7 +17,9 @@ full read first:
   b2o. b2 with the stage's observed metrics (records per partition, dead letters, late records, watermark);
   b2'. the bare job through a Connect client;
   c'. microbatch plan + stage (a Connect client process, bench/connect_stage.py) + commit, one batch, and
-      batches of N/--split;
+      batches of N/--split; every stage process reattaches to the DAG's shared server-side session, as the
+      Airflow stage task does;
+  c'f. c' in batches, each stage in a new server-side session (what the stage task did before 2026-11-26);
   d'. the peer's same query as a Connect client of the same warm server (Structured Streaming over Spark
       Connect; foreachBatch runs in the server's Python worker), one micro-batch and maxOffsetsPerTrigger=N/--split.
 Peak RSS (psutil sampling of the process tree) of the stage spark-submit and of plan / commit is recorded.
@@ -142,9 +144,10 @@ def raw_connect(stack: Stack, ranges_file: Path, records: int, remote: str) -> d
 
 
 def microbatch_run(stack: Stack, name: str, records: int, per_batch: int, driver_memory: str,
-                   remote: str | None = None) -> dict:
+                   remote: str | None = None, fresh_session: bool = False) -> dict:
     """plan -> stage -> commit until caught up, on a fresh ledger; every phase timed and RSS-sampled.
-    With `remote`, the stage is a Spark Connect client of that server instead of a spark-submit."""
+    With `remote`, the stage is a Spark Connect client of that server instead of a spark-submit (with
+    `fresh_session`, in a new server-side session per batch)."""
     url = stack.fresh_ledger(name)
     spec_dir = write_spec(stack.work_dir / "specs" / name, [TOPIC], per_batch)
     env = {"MICROBATCH_LEDGER_URL": url, "MICROBATCH_KAFKA_BOOTSTRAP": stack.bootstrap,
@@ -163,7 +166,8 @@ def microbatch_run(stack: Stack, name: str, records: int, per_batch: int, driver
         if plan["batch_id"] is None:
             break
         if remote:
-            stage = run_sampled([PYTHON, str(ROOT / "bench" / "connect_stage.py"), "ip_count", str(plan["batch_id"])],
+            stage = run_sampled([PYTHON, str(ROOT / "bench" / "connect_stage.py"), "ip_count", str(plan["batch_id"]),
+                                 *(["fresh"] if fresh_session else [])],
                                 env={**spark_env(), **env, "SPARK_REMOTE": remote})
             if stage.returncode != 0:
                 raise RuntimeError(f"{name}: the Connect stage failed:\n{stage.stderr[-3000:]}")
@@ -277,6 +281,8 @@ def rep_plan(stack: Stack, args: argparse.Namespace, rep: int, split: bool, rang
          lambda: microbatch_run(stack, f"cc10_{rep}", n, per, args.driver_memory, remote)),
         ("d_connect_split", split and bool(remote),
          lambda: peer_run(stack, f"dc10_{rep}", n, per, args.driver_memory, remote)),
+        ("c_connect_split_fresh", split and bool(remote),
+         lambda: microbatch_run(stack, f"cf10_{rep}", n, per, args.driver_memory, remote, fresh_session=True)),
     ]
 
 
@@ -296,6 +302,7 @@ RATIOS = [
     ("c_split/d_split", "c_microbatch_split", "d_peer_split"),
     ("c'_split/d'_split", "c_connect_split", "d_connect_split"),
     ("c'_split/d_split", "c_connect_split", "d_peer_split"),
+    ("c'_split/c'f_split", "c_connect_split", "c_connect_split_fresh"),
 ]
 
 
@@ -358,7 +365,8 @@ def main(argv: list[str]) -> int:
     results["phases_c_1_batch_median"] = {k: median([r[k] for r in c_runs]) for k in phase_keys} if c_runs else {}
     # Per batch, each run of microbatch: the Spark job (the stage's one pass) and what each batch pays around it.
     per_batch = []
-    for key in ("c_microbatch_1_batch", "c_connect_1_batch", "c_microbatch_split", "c_connect_split"):
+    for key in ("c_microbatch_1_batch", "c_connect_1_batch", "c_microbatch_split", "c_connect_split",
+                "c_connect_split_fresh"):
         if key in runs:
             b = median([r["batches"] for r in runs[key]])
             job = median([r["stage_engine_s"] for r in runs[key]]) / b

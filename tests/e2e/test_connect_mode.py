@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import re
 import socket
+import time
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,7 @@ from sqlalchemy import make_url, text
 from microbatch.dev.datagen import generate_lines, produce_lines
 from microbatch.dev.spark import SparkConnectServer
 from microbatch.ledger.database import transaction
+from microbatch.spark_remote import SHARED_SESSION_SECONDS
 from tests.e2e.helpers import assert_exactly_once, run_pipeline, write_test_spec
 
 pytestmark = pytest.mark.e2e
@@ -40,6 +42,14 @@ def connect_spec(directory: Path, topic: str, bootstrap: str, max_records: int) 
     return directory
 
 
+def in_one_session_window(seconds: float) -> None:
+    """Wait, if need be, until the next `seconds` fall in one shared-session window (at most `seconds`), so that
+    every stage task of the test is expected in the same server-side session."""
+    left = SHARED_SESSION_SECONDS - time.time() % SHARED_SESSION_SECONDS
+    if left < seconds:
+        time.sleep(left + 1)
+
+
 def closed_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -56,6 +66,7 @@ def test_ip_count_through_spark_connect_exactly_once(connect_server, service_env
     coords = produce_lines(kafka.bootstrap_servers, topic, lines)
     assert sum(1 for line in lines if line.malformed) > 100
 
+    in_one_session_window(300)
     result = run_pipeline(env, timeout=600)
     log = result.stdout + result.stderr
     assert result.returncode == 0, log[-4000:]
@@ -65,9 +76,13 @@ def test_ip_count_through_spark_connect_exactly_once(connect_server, service_env
                                          "WHERE state = 'committed'")).one()
     assert tuple(committed) == (2, 3_000)  # 3,000 offsets in batches of at most 1,500
 
+    sessions = []
     for batch_id in (1, 2):
         line = rf"stage ip_count: staged batch {batch_id} through Spark Connect at {re.escape(connect_server.remote)}"
-        assert re.search(line + r"(?!\d)", log), log[-4000:]
+        found = re.search(line + r" in session (\w{8})(?!\w)", log)
+        assert found, log[-4000:]
+        sessions.append(found.group(1))
+    assert sessions[0] == sessions[1], "the second batch did not reuse the DAG's warm server-side session"
     assert "records, lag after this batch" in log and "rows merged into ip_counts" in log
     assert "Spark-Submit cmd" not in log  # no spark-submit: the server did the work
     password = make_url(ledger_url).password
@@ -97,3 +112,29 @@ def test_unreachable_server_fails_stage_with_one_sentence(connect_server, servic
     with transaction(ledger_url) as session:
         states = session.execute(text("SELECT state, attempt FROM batches")).all()
     assert [tuple(row) for row in states] == [("planned", 0)]  # planned, never staged: the next run takes it
+
+
+def test_stage_tasks_share_one_warm_session_and_open_their_own_once_it_is_closed(connect_server):
+    from microbatch.phases.stage import connect_session, server_session
+
+    conf = {"spark.sql.shuffle.partitions": "3"}
+    in_one_session_window(60)
+    first = connect_session(connect_server.remote, conf, share_key="test_dag")
+    assert first.range(10).count() == 10
+    shared = server_session(first)
+    first.stop()  # the client goes; the session stays on the server
+
+    second = connect_session(connect_server.remote, conf, share_key="test_dag")
+    assert second.range(7).count() == 7 and server_session(second) == shared
+    assert second.conf.get("spark.sql.shuffle.partitions") == "3"
+    other = connect_session(connect_server.remote, conf, share_key="test_dag__backfill")
+    assert other.range(2).count() == 2 and server_session(other) != shared  # another DAG, another session
+    other.stop()
+
+    second.client.release_session()  # the server closes it, as it does after an idle hour
+    second.release_session_on_close = False
+    second.stop()
+    third = connect_session(connect_server.remote, conf, share_key="test_dag")  # its id is refused: a new session
+    assert third.range(5).count() == 5 and server_session(third) != shared
+    assert third.release_session_on_close  # a session of its own, released when the task ends
+    third.stop()

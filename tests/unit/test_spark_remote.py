@@ -2,11 +2,21 @@
 retryable sentence naming the remote and the fix."""
 
 import socket
+import uuid
 
 import pytest
 
 from microbatch.errors import ConnectionSettingsError, TransientServiceError
-from microbatch.spark_remote import check_reachable, display, host_port, is_unavailable
+from microbatch.spark_remote import (
+    SHARED_SESSION_SECONDS,
+    check_reachable,
+    display,
+    host_port,
+    is_closed_session,
+    is_unavailable,
+    shared_session_id,
+    with_session_id,
+)
 
 
 def test_display_drops_user_token_and_parameters():
@@ -45,3 +55,30 @@ def test_a_listening_port_passes():
 def test_unavailable_is_recognised_by_the_grpc_status():
     assert is_unavailable(RuntimeError("<_MultiThreadedRendezvous ... status = StatusCode.UNAVAILABLE ...>"))
     assert not is_unavailable(RuntimeError("[TABLE_OR_VIEW_NOT_FOUND] ..."))
+
+
+def test_shared_session_id_is_one_uuid_per_dag_settings_and_window():
+    conf = {"spark.sql.shuffle.partitions": "4", "spark.sql.session.timeZone": "UTC"}
+    start = 100 * SHARED_SESSION_SECONDS
+    first = shared_session_id("ip_count", conf, start + 1)
+    assert uuid.UUID(first).version == 4  # what the Connect client accepts as a session id
+    assert shared_session_id("ip_count", dict(reversed(conf.items())), start + SHARED_SESSION_SECONDS - 1) == first
+    assert shared_session_id("ip_count", conf, start + SHARED_SESSION_SECONDS) != first  # the next window
+    assert shared_session_id("ip_count__backfill", conf, start + 1) != first  # another DAG
+    assert shared_session_id("ip_count", {**conf, "spark.sql.shuffle.partitions": "8"}, start + 1) != first
+
+
+def test_with_session_id_appends_to_any_remote_and_keeps_a_users_own():
+    sid = "6f1c0f3e-1b2a-4c3d-8e4f-5a6b7c8d9e0f"
+    assert with_session_id("sc://h:15002", sid) == f"sc://h:15002/;session_id={sid}"
+    assert with_session_id("sc://h:15002/", sid) == f"sc://h:15002/;session_id={sid}"
+    assert with_session_id("sc://h:1/;token=t;use_ssl=true", sid) == f"sc://h:1/;token=t;use_ssl=true;session_id={sid}"
+    assert with_session_id("sc://h:1/;session_id=mine", sid) == "sc://h:1/;session_id=mine"
+    assert host_port(with_session_id("sc://h:15002", sid)) == ("h", 15002)
+    assert display(with_session_id("sc://h:1/;token=secret", sid)) == "sc://h:1"
+
+
+def test_closed_session_is_recognised_by_the_error_class():
+    assert is_closed_session(RuntimeError("(org.apache.spark.SparkSQLException) [INVALID_HANDLE.SESSION_CLOSED] "
+                                          "The handle 1a2b is invalid. Session was closed."))
+    assert not is_closed_session(RuntimeError("[TABLE_OR_VIEW_NOT_FOUND] t"))

@@ -35,7 +35,7 @@ from microbatch.phases.results import StageResult
 from microbatch.planning import data_loss_at_read, lost_ranges
 from microbatch.sinks.base import Sink
 from microbatch.sinks.registry import sinks_of
-from microbatch.spark_remote import is_unavailable
+from microbatch.spark_remote import is_closed_session, is_unavailable, shared_session_id, with_session_id
 from microbatch.transform import ERROR_COLUMN, LATE_COLUMN, SparkJob
 from microbatch.types import OffsetRange
 
@@ -460,11 +460,42 @@ def stage_batches(
     return results
 
 
-def connect_session(remote: str, conf: Mapping[str, str]) -> SparkSession:
+def connect_session(remote: str, conf: Mapping[str, str], share_key: str | None = None) -> SparkSession:
     """A Spark Connect session on `remote` (sc://host:port) with the pipeline's SQL settings and a UTC
-    session time zone; the server's JVM is already warm, so nothing starts per batch."""
-    spark = SparkSession.builder.remote(remote).getOrCreate()
-    for key, value in {**conf, "spark.sql.session.timeZone": "UTC"}.items():
-        if key.startswith("spark.sql."):  # the only settings a Connect session may change at run time
-            spark.conf.set(key, value)
+    session time zone; the server's JVM is already warm, so nothing starts per batch.
+
+    With `share_key` (the DAG id), the session is the server-side session that the DAG's stage tasks share
+    (`spark_remote.shared_session_id`), and `stop()` then leaves it open on the server for the next batch. If the
+    server has closed that session, this task opens a session of its own, released by `stop()` as before."""
+    settings = {**conf, "spark.sql.session.timeZone": "UTC"}
+    if share_key is not None and "session_id=" not in remote:
+        shared = with_session_id(remote, shared_session_id(share_key, settings, time.time()))
+        try:
+            return _open_session(shared, settings, release=False)
+        except Exception as exc:
+            if not is_closed_session(exc):
+                raise
+            log.info("the server closed the stage's shared Spark Connect session; this stage opens one of its own")
+    return _open_session(remote, settings, release=True)
+
+
+def _open_session(remote: str, settings: Mapping[str, str], *, release: bool) -> SparkSession:
+    spark = SparkSession.builder.remote(remote).create()
+    spark.release_session_on_close = release  # type: ignore[attr-defined]  # Connect's SparkSession
+    try:
+        for key, value in settings.items():
+            if key.startswith("spark.sql."):  # the only settings a Connect session may change at run time
+                spark.conf.set(key, value)
+    except Exception:
+        spark.release_session_on_close = False  # type: ignore[attr-defined]  # nothing to release
+        spark.stop()
+        raise
     return spark
+
+
+def server_session(spark: SparkSession) -> str:
+    """The first 8 characters of the server's id of a Connect session, for the task log: the same id in two
+    stage tasks means the second reused the first's warm session."""
+    client = getattr(spark, "client", None)
+    server_id = getattr(client, "_server_session_id", None) or getattr(spark, "session_id", "")
+    return str(server_id)[:8]
