@@ -20,6 +20,8 @@ full read first:
       batches of N/--split; every stage process reattaches to the DAG's shared server-side session, as the
       Airflow stage task does;
   c'f. c' in batches, each stage in a new server-side session (what the stage task did before 2026-11-26);
+  every Connect run of b', b2' and d' likewise reattaches to one server-side session of its own kind, so that
+  all of them meet on the same warm server in warm sessions.
   d'. the peer's same query as a Connect client of the same warm server (Structured Streaming over Spark
       Connect; foreachBatch runs in the server's Python worker), one micro-batch and maxOffsetsPerTrigger=N/--split.
 Peak RSS (psutil sampling of the process tree) of the stage spark-submit and of plan / commit is recorded.
@@ -255,11 +257,23 @@ def peer_run(stack: Stack, name: str, records: int, max_offsets: int, driver_mem
             "peak_rss_mb": result.peak_rss_mb, "spark_metrics": spark_task_metrics(events) if events.exists() else {}}
 
 
+def warm(remote: str | None, kind: str) -> str | None:
+    """`remote` naming one server-side session per kind of Connect run (the peer, the bare job, the raw read), which
+    every repetition reattaches to: each run's session is as warm as microbatch's stage tasks' shared session (a
+    long-lived peer application keeps its session too), so the medians compare the same warm server and session."""
+    if remote is None:
+        return None
+    from microbatch.spark_remote import shared_session_id, with_session_id
+
+    return with_session_id(remote, shared_session_id(f"bench-{kind}", {}, 0))
+
+
 def rep_plan(stack: Stack, args: argparse.Namespace, rep: int, split: bool, ranges_file: Path,
              remote: str | None) -> list[tuple[str, bool, Callable[[], dict]]]:
     """One repetition's runs, in order: (run, whether it runs in this rep, the measurement)."""
     n = args.records
     per = -(-n // args.split)
+    peer_remote, bare_remote, raw_remote = (warm(remote, kind) for kind in ("peer", "bare", "raw"))
     return [
         ("a_kafka_consumer", True, lambda: consumer_perf(stack, n)),
         ("b_spark_raw_count", True, lambda: raw_spark(stack, f"b_{rep}", ranges_file, n, args.driver_memory)),
@@ -268,19 +282,19 @@ def rep_plan(stack: Stack, args: argparse.Namespace, rep: int, split: bool, rang
          lambda: bare_job(stack, f"b2o_{rep}", ranges_file, args.driver_memory, observed=True)),
         ("c_microbatch_1_batch", True, lambda: microbatch_run(stack, f"c1_{rep}", n, n, args.driver_memory)),
         ("d_peer_1_batch", True, lambda: peer_run(stack, f"d1_{rep}", n, 0, args.driver_memory)),
-        ("b_connect_raw_count", bool(remote), lambda: raw_connect(stack, ranges_file, n, remote)),
+        ("b_connect_raw_count", bool(remote), lambda: raw_connect(stack, ranges_file, n, raw_remote)),
         ("b2_connect_bare_job", bool(remote),
-         lambda: bare_job(stack, f"b2c_{rep}", ranges_file, args.driver_memory, remote)),
+         lambda: bare_job(stack, f"b2c_{rep}", ranges_file, args.driver_memory, bare_remote)),
         ("c_connect_1_batch", bool(remote),
          lambda: microbatch_run(stack, f"cc1_{rep}", n, n, args.driver_memory, remote)),
         ("d_connect_1_batch", bool(remote), lambda: peer_run(stack, f"dc1_{rep}", n, 0, args.driver_memory,
-                                                             remote)),
+                                                             peer_remote)),
         ("c_microbatch_split", split, lambda: microbatch_run(stack, f"c10_{rep}", n, per, args.driver_memory)),
         ("d_peer_split", split, lambda: peer_run(stack, f"d10_{rep}", n, per, args.driver_memory)),
         ("c_connect_split", split and bool(remote),
          lambda: microbatch_run(stack, f"cc10_{rep}", n, per, args.driver_memory, remote)),
         ("d_connect_split", split and bool(remote),
-         lambda: peer_run(stack, f"dc10_{rep}", n, per, args.driver_memory, remote)),
+         lambda: peer_run(stack, f"dc10_{rep}", n, per, args.driver_memory, peer_remote)),
         ("c_connect_split_fresh", split and bool(remote),
          lambda: microbatch_run(stack, f"cf10_{rep}", n, per, args.driver_memory, remote, fresh_session=True)),
     ]
