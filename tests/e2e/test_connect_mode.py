@@ -5,6 +5,7 @@ sink, the dead letters and the ledger are checked against an independent recount
 from __future__ import annotations
 
 import json
+import os
 import re
 import socket
 import time
@@ -115,11 +116,23 @@ def test_unreachable_server_fails_stage_with_one_sentence(connect_server, servic
 
 
 def test_stage_tasks_share_one_warm_session_and_open_their_own_once_it_is_closed(connect_server):
-    from microbatch.phases.stage import connect_session, server_session
+    from microbatch.phases.stage import CONNECT_MODE_ENV, connect_client_scope
+
+    assert CONNECT_MODE_ENV not in os.environ
+    with connect_client_scope():
+        _share_and_reopen(connect_server)
+    # pyspark marked this process as a Connect client; the scope took the mark off again, or every later
+    # spark-submit started from this process (tests of submit mode) would inherit it.
+    assert CONNECT_MODE_ENV not in os.environ
+
+
+def _share_and_reopen(connect_server: SparkConnectServer) -> None:
+    from microbatch.phases.stage import CONNECT_MODE_ENV, connect_session, server_session
 
     conf = {"spark.sql.shuffle.partitions": "3"}
     in_one_session_window(60)
     first = connect_session(connect_server.remote, conf, share_key="test_dag")
+    assert os.environ.get(CONNECT_MODE_ENV) == "1"
     assert first.range(10).count() == 10
     shared = server_session(first)
     first.stop()  # the client goes; the session stays on the server

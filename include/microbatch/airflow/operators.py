@@ -161,14 +161,14 @@ class ConnectStageOperator(BaseOperator):
 
     def execute(self, context: Any) -> None:
         from microbatch import spark_remote as connect
-        from microbatch.phases.stage import connect_session, server_session, stage_batches
+        from microbatch.phases.stage import connect_client_scope, connect_session, server_session, stage_batches
 
         spec, ids = self.spec, batch_id_list(self.batch_ids)
         url = resolved(hooks.ledger_url)
         kafka = resolved(hooks.kafka_settings, spec.source.connection)
         remote = resolved(hooks.spark_remote, spec.spark.connection)
         resolved(connect.check_reachable, remote, spec.spark.connection)
-        with task_errors(url), security_scope(kafka.security):
+        with task_errors(url), security_scope(kafka.security), connect_client_scope():
             spark = None
             try:
                 # The DAG's stage tasks share one warm server-side session (a new one per batch costs ~1 s).

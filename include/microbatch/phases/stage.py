@@ -11,8 +11,10 @@ import hashlib
 import importlib
 import json
 import logging
+import os
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -458,6 +460,25 @@ def stage_batches(
             log_stage_summary(log, result)
             results.append(result)
     return results
+
+
+CONNECT_MODE_ENV = "SPARK_CONNECT_MODE_ENABLED"
+
+
+@contextmanager
+def connect_client_scope() -> Iterator[None]:
+    """Unmark this process as a Spark Connect client when the block ends. Building a Connect session sets
+    SPARK_CONNECT_MODE_ENABLED=1 in the process environment (pyspark.sql.functions reads it) and nothing unsets
+    it; a spark-submit started later by the same process (another DAG's stage in one `microbatch run`, or a
+    test) would inherit it, and its driver would take itself for a Connect client."""
+    before = os.environ.get(CONNECT_MODE_ENV)
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(CONNECT_MODE_ENV, None)
+        else:
+            os.environ[CONNECT_MODE_ENV] = before
 
 
 def connect_session(remote: str, conf: Mapping[str, str], share_key: str | None = None) -> SparkSession:
