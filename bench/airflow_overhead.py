@@ -17,8 +17,12 @@ With --connect the stage tasks are clients of one warm Spark Connect server (`sp
 local stack of `make airflow`), and the last table sums what each batch pays beyond its Spark job: plan,
 commit, the stage task outside its job (process and client start, session) and Airflow's gaps.
 --idle-sleep sets the scheduler's `scheduler_idle_sleep_time` (the local stack's default is dev/airflow.py's).
+--start-methods fork,forkserver measures each of the scheduler's `mp_start_method` in turn, on a stack of its own:
+forkserver (the local stack's) forks the workers from a process that imported `microbatch.airflow.preload`, fork
+(Airflow's default) leaves every task to import its modules itself.
 
-    PYTHONPATH=include:. .venv/bin/python bench/airflow_overhead.py --records 5000 --batch 1000 --connect
+    PYTHONPATH=include:. .venv/bin/python bench/airflow_overhead.py --records 5000 --batch 1000 --connect \
+        --start-methods fork,forkserver
 """
 
 from __future__ import annotations
@@ -90,9 +94,29 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--connect", action="store_true", help="stage on a warm Spark Connect server")
     parser.add_argument("--idle-sleep", type=float, default=None,
                         help="[scheduler] scheduler_idle_sleep_time, s (default: the local stack's)")
+    parser.add_argument("--start-methods", default="forkserver",
+                        help="comma-separated [scheduler] mp_start_method values, each measured in turn on its own "
+                        "stack: forkserver (the local stack's, with microbatch.airflow.preload) and/or fork "
+                        "(Airflow's default on Linux: every task imports its modules itself)")
     args = parser.parse_args(argv)
-    results: dict = {"machine": machine(), "args": vars(args)}
+    methods = [m.strip() for m in args.start_methods.split(",") if m.strip()]
+    results: dict = {"machine": machine(), "args": vars(args), "by_start_method": {}}
+    for method in methods:
+        print(f"--- scheduler start method: {method}", flush=True)
+        results["by_start_method"][method] = measure(args, method)
+    if len(methods) > 1:
+        costs = {m: r["fixed_cost_per_batch_s"]["median_in_run"] for m, r in results["by_start_method"].items()}
+        print_table("What a batch pays beyond its Spark job, by the scheduler's start method (medians, s)",
+                    ["start method", "in the DAG run", "ratio to the first"],
+                    [[m, c, c / costs[methods[0]]] for m, c in costs.items()])
+    results["command"] = reproduce_command("airflow_overhead.py", argv)
+    path = write_results("airflow_overhead", results)
+    print(f"results: {path}\nreproduce: {results['command']}")
+    return 0
 
+
+def measure(args: argparse.Namespace, method: str) -> dict:
+    """One stack, one Airflow with the scheduler's `mp_start_method` = `method`, one @continuous DAG until caught up."""
     from microbatch.dev import localenv
     from microbatch.dev.airflow import AirflowStandalone
     from microbatch.dev.datagen import generate_lines, produce_lines
@@ -119,6 +143,7 @@ def main(argv: list[str]) -> int:
                                                          if k.startswith("spark.sql.")}}
         if args.idle_sleep is not None:
             env["AIRFLOW__SCHEDULER__SCHEDULER_IDLE_SLEEP_TIME"] = str(args.idle_sleep)
+        env["AIRFLOW__SCHEDULER__MP_START_METHOD"] = method
         spec_path.write_text(yaml.safe_dump(spec))
         home = stack.work_dir / "airflow"
         home.mkdir()
@@ -165,6 +190,7 @@ def main(argv: list[str]) -> int:
             batches = session.execute(text("SELECT airflow_run_id, timings FROM batches WHERE state = 'committed'")
                                       ).all()
 
+    results: dict = {}
     gaps = run_gaps([r for r in runs if r["state"] == "success"], tis)
     work = {run_id: timings for run_id, timings in batches}
     inside: dict[str, list[float]] = {}
@@ -193,8 +219,6 @@ def main(argv: list[str]) -> int:
                                          "with_gap_to_next_run": (median(fixed) + between) if fixed else None}
     results["runs"] = len(runs)
     results["batches"] = len(batches)
-    results["command"] = reproduce_command("airflow_overhead.py", argv)
-    path = write_results("airflow_overhead", results)
     print_table(f"Airflow around the tasks of a @continuous DAG ({len(runs)} runs, {len(batches)} batches; medians, s)",
                 ["gap", "n", "median s", "max s"],
                 [[k, len(v), median(v), max(v)] for k, v in sorted(gaps.items())])
@@ -204,9 +228,7 @@ def main(argv: list[str]) -> int:
     print_table("What a batch pays beyond its Spark job (work runs; medians, s)", ["", "s"], [
         ["in the DAG run (plan, commit, stage outside its job, gaps)", cost["median_in_run"]],
         ["with the gap to the next run (@continuous)", cost["with_gap_to_next_run"]]])
-    path = write_results("airflow_overhead", results)
-    print(f"results: {path}\nreproduce: {results['command']}")
-    return 0
+    return results
 
 
 if __name__ == "__main__":

@@ -89,3 +89,10 @@ def test_spark_connect_service_is_wired_to_the_cluster_and_to_airflow():
     # connection), which carries the server's token (tests/unit/test_compose_security.py).
     for name in AIRFLOW:
         assert host_port(all_services[name]["environment"][SPARK_REMOTE_ENV]) == ("spark-connect", port)
+
+
+def test_the_compose_scheduler_preloads_the_task_modules_as_the_local_stack_does():
+    from microbatch.dev.airflow import PRELOAD
+
+    env = services()["airflow-scheduler"]["environment"]
+    assert {key: env.get(key) for key in PRELOAD} == PRELOAD

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, NoReturn, ParamSpec, TypeVar
@@ -29,6 +30,8 @@ from microbatch.sinks import delta
 from microbatch.sinks.registry import spark_session_conf
 
 log = logging.getLogger("microbatch")
+CLIENT_MODULES = ("microbatch.phases.stage", "pyspark.sql.connect.session")
+"""What a Connect stage task imports; preloaded when the scheduler runs `microbatch.airflow.preload`."""
 PLAN_BATCH_IDS = "{{ ti.xcom_pull(task_ids='plan') }}"  # one id, or several joined by commas (a backfill)
 # Passed on to spark-submit when set here: failpoints of the chaos tests, and where java and the venv are.
 PASSED_ON = ("MICROBATCH_FAILPOINTS", "MICROBATCH_FAILPOINT_DIR", "PATH", "JAVA_HOME")
@@ -160,9 +163,11 @@ class ConnectStageOperator(BaseOperator):
         self.batch_ids = batch_ids
 
     def execute(self, context: Any) -> None:
+        started, warm = time.monotonic(), all(name in sys.modules for name in CLIENT_MODULES)
         from microbatch import spark_remote as connect
         from microbatch.phases.stage import connect_client_scope, connect_session, server_session, stage_batches
 
+        import_s = time.monotonic() - started
         spec, ids = self.spec, batch_id_list(self.batch_ids)
         url = resolved(hooks.ledger_url)
         kafka = resolved(hooks.kafka_settings, spec.source.connection)
@@ -172,7 +177,11 @@ class ConnectStageOperator(BaseOperator):
             spark = None
             try:
                 # The DAG's stage tasks share one warm server-side session (a new one per batch costs ~1 s).
+                connecting = time.monotonic()
                 spark = connect_session(remote, spec.spark.conf, share_key=self.dag_id)
+                log.info("stage %s: Spark Connect client ready in %.2f s (its modules %s, session %.2f s)", spec.name,
+                         time.monotonic() - started, "preloaded by the scheduler's forkserver" if warm else
+                         f"imported in {import_s:.2f} s", time.monotonic() - connecting)
                 staged = stage_batches(spark, spec, ids, url, kafka.bootstrap_servers, log)
                 session = server_session(spark)
             except Exception as exc:

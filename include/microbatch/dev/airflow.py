@@ -32,6 +32,14 @@ COMPONENTS = (("scheduler", "--skip-serve-logs"), ("dag-processor",), ("api-serv
 TITLE = "airflow standalone"  # how `make down` (stack._is_airflow) recognizes the supervisor
 
 
+PRELOAD = {
+    "AIRFLOW__SCHEDULER__MP_START_METHOD": "forkserver",
+    "AIRFLOW__SCHEDULER__MP_FORKSERVER_PRELOAD": "airflow,airflow.executors.local_executor,microbatch.airflow.preload",
+}
+"""The scheduler's workers fork from a forkserver that imported what microbatch's tasks import, so each task
+process starts with them (`microbatch.airflow.preload`); docker-compose.yaml sets the same."""
+
+
 def loopback_hostname() -> str:
     """The local Airflow's `hostname_callable`: the API server fetches a running task's log from the worker
     log server at the task's hostname, and that server listens on loopback only."""
@@ -50,6 +58,7 @@ def loopback_env(environ: dict[str, str]) -> dict[str, str]:
         # between its tasks and before the next @continuous run. 0.2 s: 2.3 s -> 0.9 s of gaps per batch
         # (bench/airflow_overhead.py --connect, docs/performance.md).
         "AIRFLOW__SCHEDULER__SCHEDULER_IDLE_SLEEP_TIME": "0.2",
+        **PRELOAD,
         **environ,
     }
 
