@@ -85,6 +85,25 @@ def run_gaps(runs: list[dict], tis: dict[str, list[dict]]) -> dict[str, list[flo
     return gaps
 
 
+def airflow_memory(root: int) -> dict[str, float]:
+    """Proportional set size (shared pages split among their sharers) of Airflow's processes, in MB: the whole
+    tree, and the scheduler's subtree (its executor's workers, and the forkserver they fork from, if any)."""
+    import psutil
+
+    def pss(procs: list[psutil.Process]) -> float:
+        total = 0.0
+        for proc in procs:
+            with contextlib.suppress(psutil.Error):
+                total += proc.memory_full_info().pss / 2**20
+        return round(total, 1)
+
+    top = psutil.Process(root)
+    everyone = [top, *top.children(recursive=True)]
+    schedulers = [p for p in top.children() if "scheduler" in p.cmdline()]
+    return {"airflow_tree_pss": pss(everyone),
+            "scheduler_and_workers_pss": pss([d for p in schedulers for d in [p, *p.children(recursive=True)]])}
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--records", type=int, default=5_000)
@@ -106,9 +125,11 @@ def main(argv: list[str]) -> int:
         results["by_start_method"][method] = measure(args, method)
     if len(methods) > 1:
         costs = {m: r["fixed_cost_per_batch_s"]["median_in_run"] for m, r in results["by_start_method"].items()}
-        print_table("What a batch pays beyond its Spark job, by the scheduler's start method (medians, s)",
-                    ["start method", "in the DAG run", "ratio to the first"],
-                    [[m, c, c / costs[methods[0]]] for m, c in costs.items()])
+        memory = {m: r["memory_mb"] for m, r in results["by_start_method"].items()}
+        print_table("A batch beyond its Spark job, by the scheduler's start method (medians, s; PSS at the end)",
+                    ["start method", "in the DAG run", "ratio to the first", "scheduler + workers MB", "Airflow MB"],
+                    [[m, c, c / costs[methods[0]], memory[m]["scheduler_and_workers_pss"],
+                      memory[m]["airflow_tree_pss"]] for m, c in costs.items()])
     results["command"] = reproduce_command("airflow_overhead.py", argv)
     path = write_results("airflow_overhead", results)
     print(f"results: {path}\nreproduce: {results['command']}")
@@ -184,13 +205,14 @@ def measure(args: argparse.Namespace, method: str) -> dict:
             for run in runs:
                 path = f"/api/v2/dags/{DAG_ID}/dagRuns/{quote(run['dag_run_id'], safe='')}/taskInstances"
                 tis[run["dag_run_id"]] = server.api("GET", path)[1].get("task_instances", [])
+            memory = airflow_memory(server.proc.pid)
         finally:
             server.stop()
         with transaction(url) as session:
             batches = session.execute(text("SELECT airflow_run_id, timings FROM batches WHERE state = 'committed'")
                                       ).all()
 
-    results: dict = {}
+    results: dict = {"memory_mb": memory}
     gaps = run_gaps([r for r in runs if r["state"] == "success"], tis)
     work = {run_id: timings for run_id, timings in batches}
     inside: dict[str, list[float]] = {}
