@@ -294,6 +294,54 @@ def phase(name: str, env: dict[str, str], *args: str, py_spy: Path | None = None
     return result.json_lines()[-1], result
 
 
+_WARM: dict[str, object] = {}
+
+
+def _warm_main(script: str, argv: list[str], env: dict[str, str], conn: object) -> None:
+    """In a process forked from the warm forkserver: run bench/`script`.py's main(argv) under `env`, and send back
+    (exit code, what it printed)."""
+    import importlib
+    import io
+    from contextlib import redirect_stdout
+
+    os.environ.update(env)
+    sys.path.insert(0, str(ROOT / "bench"))
+    out = io.StringIO()
+    with redirect_stdout(out):
+        code = importlib.import_module(script).main(argv)
+    conn.send((code, out.getvalue()))  # type: ignore[attr-defined]
+
+
+def warm_task(script: str, argv: list[str], env: dict[str, str]) -> tuple[dict, float]:
+    """bench/`script`.py (phase or connect_stage) in a process forked from a forkserver that imported
+    `microbatch.airflow.preload`, as the local stack's Airflow forks each task from a worker that did: (its
+    BENCH json, wall seconds from the fork request to the result)."""
+    import multiprocessing
+
+    if "context" not in _WARM:
+        # The preload imports Airflow, which reads (and may write) its config under AIRFLOW_HOME.
+        os.environ.setdefault("AIRFLOW_HOME", tempfile.mkdtemp(prefix="mb-bench-airflow-"))
+        context = multiprocessing.get_context("forkserver")
+        context.set_forkserver_preload(["microbatch.airflow.preload"])
+        _WARM["context"] = context
+    context = _WARM["context"]
+    receive, send = context.Pipe(duplex=False)  # type: ignore[attr-defined]
+    started = time.monotonic()
+    process = context.Process(target=_warm_main, args=(script, argv, {**spark_env(), **env}, send))  # type: ignore[attr-defined]
+    process.start()
+    send.close()  # the child holds the only sending end now: if it dies, recv() ends instead of waiting for ever
+    try:
+        code, printed = receive.recv()
+    except EOFError:
+        code, printed = None, "(the process died; its traceback is on stderr)"
+    process.join()
+    seconds = time.monotonic() - started
+    if code != 0 or process.exitcode != 0:
+        raise RuntimeError(f"{script} {' '.join(argv)} failed ({code}, exit {process.exitcode}):\n{printed[-3000:]}")
+    lines = [json.loads(line[len("BENCH:"):]) for line in printed.splitlines() if line.startswith("BENCH:")]
+    return lines[-1], seconds
+
+
 # ---------------------------------------------------------------- profiles
 
 PY_SPY_RATE = 100  # samples per second

@@ -20,6 +20,8 @@ full read first:
       batches of N/--split; every stage process reattaches to the DAG's shared server-side session, as the
       Airflow stage task does;
   c'f. c' in batches, each stage in a new server-side session (what the stage task did before 2026-11-26);
+  c'w. c' in batches, each of plan, stage and commit in a process forked from a forkserver that imported
+      `microbatch.airflow.preload`, as the local stack's Airflow starts its tasks, instead of a new Python process;
   every Connect run of b', b2' and d' likewise reattaches to one server-side session of its own kind, so that
   all of them meet on the same warm server in warm sessions.
   d'. the peer's same query as a Connect client of the same warm server (Structured Streaming over Spark
@@ -64,6 +66,7 @@ from common import (
     spark_env,
     spark_submit,
     spark_task_metrics,
+    warm_task,
     write_results,
     write_spec,
 )
@@ -146,10 +149,12 @@ def raw_connect(stack: Stack, ranges_file: Path, records: int, remote: str) -> d
 
 
 def microbatch_run(stack: Stack, name: str, records: int, per_batch: int, driver_memory: str,
-                   remote: str | None = None, fresh_session: bool = False) -> dict:
+                   remote: str | None = None, fresh_session: bool = False, warm_tasks: bool = False) -> dict:
     """plan -> stage -> commit until caught up, on a fresh ledger; every phase timed and RSS-sampled.
     With `remote`, the stage is a Spark Connect client of that server instead of a spark-submit (with
-    `fresh_session`, in a new server-side session per batch)."""
+    `fresh_session`, in a new server-side session per batch; with `warm_tasks`, each phase in a process forked
+    from a forkserver that preloaded `microbatch.airflow.preload`, as the local stack's Airflow runs its tasks,
+    instead of a new Python process; those are not RSS-sampled)."""
     url = stack.fresh_ledger(name)
     spec_dir = write_spec(stack.work_dir / "specs" / name, [TOPIC], per_batch)
     env = {"MICROBATCH_LEDGER_URL": url, "MICROBATCH_KAFKA_BOOTSTRAP": stack.bootstrap,
@@ -163,6 +168,19 @@ def microbatch_run(stack: Stack, name: str, records: int, per_batch: int, driver
     profiles = stack.work_dir / "py-spy" / name
     profiles.mkdir(parents=True, exist_ok=True)
     while True:
+        if warm_tasks:
+            plan, plan_wall = warm_task("phase", ["plan", "ip_count"], env)
+            if plan["batch_id"] is None:
+                break
+            _, stage_wall = warm_task("connect_stage", ["ip_count", str(plan["batch_id"])],
+                                      {**env, "SPARK_REMOTE": str(remote)})
+            commit, _ = warm_task("phase", ["commit", "ip_count", str(plan["batch_id"])], env)
+            totals["plan_s"] += plan["seconds"]
+            totals["stage_wall_s"] += stage_wall
+            totals["commit_s"] += commit["transaction_s"]
+            totals["task_wall_s"] = totals.get("task_wall_s", 0.0) + plan_wall + stage_wall
+            totals["batches"] += 1
+            continue
         plan, plan_proc = phase("plan", env, "ip_count", py_spy=profiles / f"plan-{totals['batches']}.txt")
         peaks["plan_tree"] = max(peaks.get("plan_tree", 0), plan_proc.peak_rss_mb.get("tree", 0))
         if plan["batch_id"] is None:
@@ -297,6 +315,8 @@ def rep_plan(stack: Stack, args: argparse.Namespace, rep: int, split: bool, rang
          lambda: peer_run(stack, f"dc10_{rep}", n, per, args.driver_memory, peer_remote)),
         ("c_connect_split_fresh", split and bool(remote),
          lambda: microbatch_run(stack, f"cf10_{rep}", n, per, args.driver_memory, remote, fresh_session=True)),
+        ("c_connect_split_warm", split and bool(remote),
+         lambda: microbatch_run(stack, f"cw10_{rep}", n, per, args.driver_memory, remote, warm_tasks=True)),
     ]
 
 
@@ -317,6 +337,8 @@ RATIOS = [
     ("c'_split/d'_split", "c_connect_split", "d_connect_split"),
     ("c'_split/d_split", "c_connect_split", "d_peer_split"),
     ("c'_split/c'f_split", "c_connect_split", "c_connect_split_fresh"),
+    ("c'w_split/d'_split", "c_connect_split_warm", "d_connect_split"),
+    ("c'w_split/c'_split", "c_connect_split_warm", "c_connect_split"),
 ]
 
 
@@ -380,7 +402,7 @@ def main(argv: list[str]) -> int:
     # Per batch, each run of microbatch: the Spark job (the stage's one pass) and what each batch pays around it.
     per_batch = []
     for key in ("c_microbatch_1_batch", "c_connect_1_batch", "c_microbatch_split", "c_connect_split",
-                "c_connect_split_fresh"):
+                "c_connect_split_fresh", "c_connect_split_warm"):
         if key in runs:
             b = median([r["batches"] for r in runs[key]])
             job = median([r["stage_engine_s"] for r in runs[key]]) / b
