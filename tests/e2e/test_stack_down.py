@@ -222,6 +222,9 @@ def test_scheduled_run_under_airflow_standalone_then_make_down_leaves_no_process
         task_logs = " ".join(f.read_text(errors="replace") for f in (cache / "airflow" / "logs").rglob("*.log"))
         assert re.search(rf"staged batch \d+ through Spark Connect at sc://localhost:{state['connect_port']}",
                          task_logs), "no stage task ran on the stack's Spark Connect server"
+        # kafka-python's connection steps (~20 INFO lines per plan task) and Alembic's context stay out of the logs.
+        chatter = re.findall(r'[^\n]*"level":"(?:info|debug)"[^\n]*"logger":"(?:kafka|alembic)[^\n]*', task_logs)
+        assert not chatter, chatter[:3]
         # The scheduler's forkserver had imported the client's modules (microbatch.airflow.preload), so the stage
         # task forked from its worker imported none of them.
         assert "client ready in" in task_logs and "preloaded by the scheduler's forkserver" in task_logs, \

@@ -47,9 +47,18 @@ def fail(exc: MicrobatchError) -> NoReturn:
     raise AirflowFailException(str(exc)) from None
 
 
+CLIENT_LOGGERS = ("kafka", "alembic")
+"""Libraries whose INFO lines narrate their own steps (kafka-python every connection: ~20 lines per plan task,
+~50 per publish; Alembic its context in plan's schema check); a task log keeps their warnings and errors, and
+microbatch's own lines say what was done."""
+
+
 @contextmanager
 def task_errors(url: str) -> Iterator[None]:
-    """Turn platform and ledger-connection errors into one logged sentence and the right failure."""
+    """The frame of every task's work: client chatter kept out of the task log, and platform and
+    ledger-connection errors turned into one logged sentence and the right failure."""
+    for name in CLIENT_LOGGERS:
+        logging.getLogger(name).setLevel(logging.WARNING)
     try:
         yield
     except MicrobatchError as exc:
