@@ -7,7 +7,9 @@ Spark Connect mode (--connect): a long-lived Spark Connect server started once (
 pyspark wheel's SparkConnectServer class, as start-connect-server.sh runs it) with the same jars; the
 stage runs staging.stage_batch through a Connect client (bench/connect_stage.py), so no JVM starts per batch.
 "plan->commit" = plan + stage process + commit (each phase's own time; Python task-process start is
-shown apart). Airflow's own scheduling gap between tasks: bench/airflow_overhead.py.
+shown apart). With --connect, the same batch also runs with plan, stage and commit each in a process forked
+from a forkserver that preloaded `microbatch.airflow.preload`, as the local stack's Airflow starts its tasks
+("tasks forked warm"). Airflow's own scheduling gap between tasks: bench/airflow_overhead.py.
 
     PYTHONPATH=include:. .venv/bin/python bench/latency.py --connect
 """
@@ -34,6 +36,7 @@ from common import (
     run_sampled,
     spark_env,
     spark_submit,
+    warm_task,
     write_results,
     write_spec,
 )
@@ -48,7 +51,23 @@ def produce_batch(bootstrap: str, records: int, index: int) -> None:
     produce_lines(bootstrap, TOPIC, generate_lines(records, malformed=0, out_of_order=0, start=start, seed=index))
 
 
+def warm_batch(env: dict[str, str], connect_env: dict[str, str]) -> dict:
+    """plan, the Connect stage and commit, each in a process forked from a forkserver that preloaded
+    `microbatch.airflow.preload` (as the local stack's Airflow starts its tasks)."""
+    plan, plan_wall = warm_task("phase", ["plan", "ip_count"], env)
+    batch_id = str(plan["batch_id"])
+    extra, stage_s = warm_task("connect_stage", ["ip_count", batch_id], {**env, **connect_env})
+    commit, commit_wall = warm_task("phase", ["commit", "ip_count", batch_id], env)
+    return {"records": plan["records"], "plan_s": plan["seconds"], "stage_s": round(stage_s, 3),
+            "commit_s": commit["transaction_s"],
+            "plan_to_commit_s": round(plan["seconds"] + stage_s + commit["transaction_s"], 3),
+            "task_process_overhead_s": round(plan_wall - plan["seconds"] + commit_wall - commit["transaction_s"], 3),
+            "connect": extra}
+
+
 def one_batch(env: dict[str, str], spec, mode: str, connect_env: dict[str, str] | None = None) -> dict:
+    if mode == "connect-warm":
+        return warm_batch(env, connect_env or {})
     plan, plan_proc = phase("plan", env, "ip_count")
     batch_id = str(plan["batch_id"])
     if mode == "spark-submit":
@@ -110,12 +129,14 @@ def main(argv: list[str]) -> int:
                 produce_batch(stack.bootstrap, args.records, index)
                 index += 1
                 results["connect_warmup"] = one_batch(env, spec, "connect", connect_env)
-                cruns = []
-                for _ in range(args.reps):
-                    produce_batch(stack.bootstrap, args.records, index)
-                    index += 1
-                    cruns.append(one_batch(env, spec, "connect", connect_env))
+                cruns, wruns = [], []
+                for _ in range(args.reps):  # alternated, so that both meet the server equally warm
+                    for mode, runs_of_mode in (("connect", cruns), ("connect-warm", wruns)):
+                        produce_batch(stack.bootstrap, args.records, index)
+                        index += 1
+                        runs_of_mode.append(one_batch(env, spec, mode, connect_env))
                 results["connect_mode"] = cruns
+                results["connect_warm_mode"] = wruns
             finally:
                 server.stop()
 
@@ -123,7 +144,8 @@ def main(argv: list[str]) -> int:
     s_total = median([s["total_s"] for s in startup])
     rows = [["spark-submit startup app: launch -> SparkSession ready", s_to_session],
             ["spark-submit startup app: launch -> exit (1 tiny job)", s_total]]
-    for label, key in (("spark-submit mode", "spark_submit_mode"), ("Spark Connect mode", "connect_mode")):
+    for label, key in (("spark-submit mode", "spark_submit_mode"), ("Spark Connect mode", "connect_mode"),
+                       ("Spark Connect, tasks forked warm", "connect_warm_mode")):
         if key not in results:
             continue
         rs = results[key]
