@@ -227,7 +227,7 @@ def test_scheduled_run_under_airflow_standalone_then_make_down_leaves_no_process
         assert not chatter, chatter[:3]
         # The scheduler's forkserver had imported the client's modules (microbatch.airflow.preload), so the stage
         # task forked from its worker imported none of them.
-        assert "client ready in" in task_logs and "preloaded by the scheduler's forkserver" in task_logs, \
+        assert "client ready in" in task_logs and "its modules already imported" in task_logs, \
             re.findall(r"[^\n]*client ready in[^\n]*", task_logs)
         # `make connect` finds that server up and keeps it.
         connect = subprocess.run([*MAKE, "connect"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=240,

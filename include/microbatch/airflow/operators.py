@@ -189,7 +189,7 @@ class ConnectStageOperator(BaseOperator):
                 connecting = time.monotonic()
                 spark = connect_session(remote, spec.spark.conf, share_key=self.dag_id)
                 log.info("stage %s: Spark Connect client ready in %.2f s (its modules %s, session %.2f s)", spec.name,
-                         time.monotonic() - started, "preloaded by the scheduler's forkserver" if warm else
+                         time.monotonic() - started, "already imported" if warm else
                          f"imported in {import_s:.2f} s", time.monotonic() - connecting)
                 staged = stage_batches(spark, spec, ids, url, kafka.bootstrap_servers, log)
                 session = server_session(spark)
