@@ -6,6 +6,7 @@ through the same template, and both turn platform errors into the right failure 
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 import sys
@@ -176,6 +177,8 @@ class ConnectStageOperator(BaseOperator):
         from microbatch import spark_remote as connect
         from microbatch.phases.stage import connect_client_scope, connect_session, server_session, stage_batches
 
+        for name in CLIENT_MODULES:  # the session builder imports pyspark's Connect client anyway: timed here
+            importlib.import_module(name)
         import_s = time.monotonic() - started
         spec, ids = self.spec, batch_id_list(self.batch_ids)
         url = resolved(hooks.ledger_url)
