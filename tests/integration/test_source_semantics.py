@@ -19,7 +19,7 @@ from sqlalchemy import text
 from microbatch.config import PIPELINES_DIR, PipelineSpec
 from microbatch.dev.kafka import create_topic
 from microbatch.errors import DataLossError, SpecError
-from microbatch.kafka.offsets import mirror_group_offsets
+from microbatch.kafka.offsets import discover_source, mirror_group_offsets, offsets_client
 from microbatch.ledger import repository as repo
 from microbatch.ledger.database import transaction
 from microbatch.phases.commit import commit_batch
@@ -482,3 +482,15 @@ def test_group_offset_mirror_failure_is_a_warning(kafka, topic, ledger_url, capl
         assert positions(ledger_url)[(topic, 0)] == 5
     finally:
         member.close()
+
+
+def test_the_planner_client_may_refresh_metadata_right_after_its_bootstrap(kafka, topic):
+    # kafka-python counts its bootstrap as a metadata refresh to back off from (0.1 s before the first topic
+    # lookup of every plan); the planner's client starts with no such backoff, and still finds the topic.
+    with offsets_client(kafka.bootstrap_servers) as consumer:
+        cluster = consumer._cluster
+        retry_age_ms = time.monotonic() * 1000 - cluster._last_refresh_ms
+        assert cluster.config["retry_backoff_ms"] - retry_age_ms <= 0
+        found, missing = discover_source(consumer, [topic])
+    assert missing == [] and {tp.topic for tp in found} == {topic}
+

@@ -45,6 +45,14 @@ def _preload() -> None:
             importlib.import_module(name)
         except Exception as exc:  # the forkserver must start whatever a module does
             log.warning("microbatch preload: %s was not imported (%s); tasks import it themselves", name, exc)
+    try:
+        # SQLAlchemy configures every mapper of the process at its first ORM query, Airflow's too (which
+        # imports all of Airflow's models first): 0.09 s of each plan, stage and commit task, done once here.
+        from sqlalchemy.orm import configure_mappers
+
+        configure_mappers()
+    except Exception as exc:
+        log.warning("microbatch preload: the ORM mappers were not configured (%s); tasks configure them", exc)
 
 
 _preload()
