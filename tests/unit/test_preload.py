@@ -17,6 +17,8 @@ print("missing:", missing)
 import sqlalchemy
 from microbatch.ledger.models import Batch
 print("configured:", sqlalchemy.inspect(Batch).configured)
+import gc
+print("frozen:", gc.get_freeze_count() > 100_000)
 """
 
 
@@ -38,6 +40,8 @@ def test_importing_the_preload_module_imports_what_the_tasks_import(tmp_path: Pa
     assert "missing: []" in result.stdout
     # The ORM's mappers are configured once, here, not at each task's first query.
     assert "configured: True" in result.stdout
+    # ... and what it imported is frozen, out of the collector's sight in every forked task.
+    assert "frozen: True" in result.stdout
 
 
 def test_a_module_that_fails_to_import_is_logged_and_the_rest_still_load(tmp_path: Path):

@@ -16,6 +16,7 @@ Importing this module does the preloading: only the forkserver should (tests che
 
 from __future__ import annotations
 
+import gc
 import importlib
 import logging
 
@@ -53,6 +54,10 @@ def _preload() -> None:
         configure_mappers()
     except Exception as exc:
         log.warning("microbatch preload: the ORM mappers were not configured (%s); tasks configure them", exc)
+    # What is imported now lives as long as the forkserver: moved out of the collector's sight, so a task's full
+    # collections do not walk it (about 345,000 objects, 0.16 s per full collection in each task process) and
+    # its pages stay shared. Airflow's `fork` path does the same before it forks its workers.
+    gc.freeze()
 
 
 _preload()
