@@ -16,7 +16,9 @@ reports (medians):
 With --connect the stage tasks are clients of one warm Spark Connect server (`spark.mode: connect`, as on the
 local stack of `make airflow`), and the last table sums what each batch pays beyond its Spark job: plan,
 commit, the stage task outside its job (process and client start, session) and Airflow's gaps.
---idle-sleep sets the scheduler's `scheduler_idle_sleep_time` (the local stack's default is dev/airflow.py's).
+--idle-sleep sets the scheduler's `scheduler_idle_sleep_time` (the local stack's default is dev/airflow.py's); a
+comma-separated list measures each value in turn, on a stack of its own, with the scheduler's CPU (its own process,
+not its workers and tasks) over the whole run: the price of a shorter nap.
 --start-methods fork,forkserver measures each of the scheduler's `mp_start_method` in turn, on a stack of its own:
 forkserver (the local stack's) forks the workers from a process that imported `microbatch.airflow.preload`, fork
 (Airflow's default) leaves every task to import its modules itself.
@@ -111,32 +113,49 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--idle-runs", type=int, default=5, help="runs that find nothing new, after the last commit")
     parser.add_argument("--timeout", type=float, default=1800)
     parser.add_argument("--connect", action="store_true", help="stage on a warm Spark Connect server")
-    parser.add_argument("--idle-sleep", type=float, default=None,
-                        help="[scheduler] scheduler_idle_sleep_time, s (default: the local stack's)")
+    parser.add_argument("--idle-sleep", default=None,
+                        help="[scheduler] scheduler_idle_sleep_time, s, or several comma-separated (default: the local "
+                        "stack's)")
     parser.add_argument("--start-methods", default="forkserver",
                         help="comma-separated [scheduler] mp_start_method values, each measured in turn on its own "
                         "stack: forkserver (the local stack's, with microbatch.airflow.preload) and/or fork "
                         "(Airflow's default on Linux: every task imports its modules itself)")
     args = parser.parse_args(argv)
     methods = [m.strip() for m in args.start_methods.split(",") if m.strip()]
+    sleeps: list[float | None] = [float(v) for v in args.idle_sleep.split(",")] if args.idle_sleep else [None]
     results: dict = {"machine": machine(), "args": vars(args), "by_start_method": {}}
-    for method in methods:
-        print(f"--- scheduler start method: {method}", flush=True)
-        results["by_start_method"][method] = measure(args, method)
-    if len(methods) > 1:
-        costs = {m: r["fixed_cost_per_batch_s"]["median_in_run"] for m, r in results["by_start_method"].items()}
-        memory = {m: r["memory_mb"] for m, r in results["by_start_method"].items()}
-        print_table("A batch beyond its Spark job, by the scheduler's start method (medians, s; PSS at the end)",
-                    ["start method", "in the DAG run", "ratio to the first", "scheduler + workers MB", "Airflow MB"],
-                    [[m, c, c / costs[methods[0]], memory[m]["scheduler_and_workers_pss"],
-                      memory[m]["airflow_tree_pss"]] for m, c in costs.items()])
+    variants = [(m, s) for m in methods for s in sleeps]
+    for method, sleep in variants:
+        name = method if len(sleeps) == 1 else f"{method}, idle sleep {sleep} s"
+        nap = "the local stack's" if sleep is None else f"{sleep} s"
+        print(f"--- scheduler start method: {method}, idle sleep: {nap}", flush=True)
+        results["by_start_method"][name] = measure(args, method, sleep)
+    if len(variants) > 1:
+        runs = results["by_start_method"]
+        first = next(iter(runs.values()))["fixed_cost_per_batch_s"]["median_in_run"]
+        print_table("A batch beyond its Spark job, by the scheduler's settings (medians, s; PSS at the end)",
+                    ["scheduler", "in the DAG run", "ratio to the first", "scheduler CPU %", "scheduler + workers MB",
+                     "Airflow MB"],
+                    [[m, r["fixed_cost_per_batch_s"]["median_in_run"],
+                      r["fixed_cost_per_batch_s"]["median_in_run"] / first, r["scheduler_cpu_percent"],
+                      r["memory_mb"]["scheduler_and_workers_pss"], r["memory_mb"]["airflow_tree_pss"]]
+                     for m, r in runs.items()])
     results["command"] = reproduce_command("airflow_overhead.py", argv)
     path = write_results("airflow_overhead", results)
     print(f"results: {path}\nreproduce: {results['command']}")
     return 0
 
 
-def measure(args: argparse.Namespace, method: str) -> dict:
+def scheduler_cpu(root: int) -> float:
+    """CPU seconds (user + system) of the scheduler's own process so far, not of its workers and tasks."""
+    import psutil
+
+    top = psutil.Process(root)
+    times = [p.cpu_times() for p in top.children() if "scheduler" in p.cmdline()]
+    return sum(t.user + t.system for t in times)
+
+
+def measure(args: argparse.Namespace, method: str, idle_sleep: float | None = None) -> dict:
     """One stack, one Airflow with the scheduler's `mp_start_method` = `method`, one @continuous DAG until caught up."""
     from microbatch.dev import localenv
     from microbatch.dev.airflow import AirflowStandalone
@@ -162,8 +181,8 @@ def measure(args: argparse.Namespace, method: str) -> dict:
             env["MICROBATCH_SPARK_REMOTE"] = server.remote
             spec["spark"] = {"mode": "connect", "conf": {k: v for k, v in spec["spark"]["conf"].items()
                                                          if k.startswith("spark.sql.")}}
-        if args.idle_sleep is not None:
-            env["AIRFLOW__SCHEDULER__SCHEDULER_IDLE_SLEEP_TIME"] = str(args.idle_sleep)
+        if idle_sleep is not None:
+            env["AIRFLOW__SCHEDULER__SCHEDULER_IDLE_SLEEP_TIME"] = str(idle_sleep)
         env["AIRFLOW__SCHEDULER__MP_START_METHOD"] = method
         spec_path.write_text(yaml.safe_dump(spec))
         home = stack.work_dir / "airflow"
@@ -179,7 +198,7 @@ def measure(args: argparse.Namespace, method: str) -> dict:
             status, body = server.api("PATCH", f"/api/v2/dags/{DAG_ID}", {"is_paused": False})
             if status != 200:
                 raise RuntimeError(f"could not unpause {DAG_ID}: {status} {body}")
-            unpaused = time.monotonic()
+            unpaused, cpu_before = time.monotonic(), scheduler_cpu(server.proc.pid)
             print(f"{DAG_ID} unpaused; waiting for {args.records:,} records and {args.idle_runs} idle runs", flush=True)
             runs: list[dict] = []
             caught_up_at = None  # finished runs when the last record was committed
@@ -206,13 +225,14 @@ def measure(args: argparse.Namespace, method: str) -> dict:
                 path = f"/api/v2/dags/{DAG_ID}/dagRuns/{quote(run['dag_run_id'], safe='')}/taskInstances"
                 tis[run["dag_run_id"]] = server.api("GET", path)[1].get("task_instances", [])
             memory = airflow_memory(server.proc.pid)
+            cpu_percent = round(100 * (scheduler_cpu(server.proc.pid) - cpu_before) / (time.monotonic() - unpaused), 1)
         finally:
             server.stop()
         with transaction(url) as session:
             batches = session.execute(text("SELECT airflow_run_id, timings FROM batches WHERE state = 'committed'")
                                       ).all()
 
-    results: dict = {"memory_mb": memory}
+    results: dict = {"memory_mb": memory, "scheduler_cpu_percent": cpu_percent}
     gaps = run_gaps([r for r in runs if r["state"] == "success"], tis)
     work = {run_id: timings for run_id, timings in batches}
     inside: dict[str, list[float]] = {}
@@ -249,7 +269,8 @@ def measure(args: argparse.Namespace, method: str) -> dict:
     cost = results["fixed_cost_per_batch_s"]
     print_table("What a batch pays beyond its Spark job (work runs; medians, s)", ["", "s"], [
         ["in the DAG run (plan, commit, stage outside its job, gaps)", cost["median_in_run"]],
-        ["with the gap to the next run (@continuous)", cost["with_gap_to_next_run"]]])
+        ["with the gap to the next run (@continuous)", cost["with_gap_to_next_run"]],
+        ["the scheduler's own CPU over the run, % of one core", cpu_percent]])
     return results
 
 
