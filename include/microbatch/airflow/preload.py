@@ -26,6 +26,7 @@ MODULES = (
     "pandas",
     "pyarrow",
     "sqlalchemy",
+    "psycopg",
     "kafka",
     "microbatch.airflow.dags",
     "microbatch.airflow.operators",
