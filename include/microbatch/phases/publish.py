@@ -30,6 +30,7 @@ from sqlalchemy import text
 from microbatch import failpoints
 from microbatch.config import KafkaSink, PipelineSpec
 from microbatch.errors import SpecError
+from microbatch.kafka.offsets import skip_bootstrap_backoff
 from microbatch.kafka.security import client_kwargs
 from microbatch.ledger import repository as repo
 from microbatch.ledger.database import publish_lock, transaction
@@ -62,6 +63,7 @@ def last_published_seq(bootstrap_servers: str, topic: str) -> int:
     consumer = KafkaConsumer(bootstrap_servers=bootstrap_servers.split(","), isolation_level="read_committed",
                              enable_auto_commit=False, group_id=None, client_id="microbatch-publisher-tail",
                              **client_kwargs())
+    skip_bootstrap_backoff(consumer)
     try:
         partitions = consumer.partitions_for_topic(topic)
         if not partitions:
