@@ -125,15 +125,15 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     methods = [m.strip() for m in args.start_methods.split(",") if m.strip()]
     sleeps: list[float | None] = [float(v) for v in args.idle_sleep.split(",")] if args.idle_sleep else [None]
-    results: dict = {"machine": machine(), "args": vars(args), "by_start_method": {}}
+    results: dict = {"machine": machine(), "args": vars(args), "by_scheduler": {}}
     variants = [(m, s) for m in methods for s in sleeps]
     for method, sleep in variants:
         name = method if len(sleeps) == 1 else f"{method}, idle sleep {sleep} s"
         nap = "the local stack's" if sleep is None else f"{sleep} s"
         print(f"--- scheduler start method: {method}, idle sleep: {nap}", flush=True)
-        results["by_start_method"][name] = measure(args, method, sleep)
+        results["by_scheduler"][name] = measure(args, method, sleep)
     if len(variants) > 1:
-        runs = results["by_start_method"]
+        runs = results["by_scheduler"]
         first = next(iter(runs.values()))["fixed_cost_per_batch_s"]["median_in_run"]
         print_table("A batch beyond its Spark job, by the scheduler's settings (medians, s; PSS at the end)",
                     ["scheduler", "plan start -> commit end", "in the DAG run", "ratio to the first", "scheduler CPU %",
@@ -260,9 +260,9 @@ def measure(args: argparse.Namespace, method: str, idle_sleep: float | None = No
         fixed.append(_ts(run["end_date"]) - _ts(run["start_date"]) - job)
         # The sum: plan, the stage outside its job, commit and the gaps between them, without Airflow's
         # start and end of the run around the tasks: the plan task's start to the commit task's end.
-        ends = {t["task_id"]: t for t in tis.get(run["dag_run_id"], []) if t.get("start_date") and t.get("end_date")}
-        if "plan" in ends and "commit" in ends:
-            tasks_span.append(_ts(ends["commit"]["end_date"]) - _ts(ends["plan"]["start_date"]) - job)
+        by_task = {t["task_id"]: t for t in tis.get(run["dag_run_id"], []) if t.get("start_date") and t.get("end_date")}
+        if "plan" in by_task and "commit" in by_task:
+            tasks_span.append(_ts(by_task["commit"]["end_date"]) - _ts(by_task["plan"]["start_date"]) - job)
     between = median(gaps.get("run end -> next run start", [0.0]))
     results["fixed_cost_per_batch_s"] = {"runs": len(fixed), "median_in_run": median(fixed) if fixed else None,
                                          "with_gap_to_next_run": (median(fixed) + between) if fixed else None,

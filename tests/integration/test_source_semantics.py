@@ -493,4 +493,3 @@ def test_the_planner_client_may_refresh_metadata_right_after_its_bootstrap(kafka
         assert cluster.config["retry_backoff_ms"] - retry_age_ms <= 0
         found, missing = discover_source(consumer, [topic])
     assert missing == [] and {tp.topic for tp in found} == {topic}
-
