@@ -4,6 +4,7 @@ and the plan refuses to open a batch while the tables or the transform do not ma
 
 from __future__ import annotations
 
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +61,32 @@ def test_ip_count_tables_are_what_the_spec_declares(ledger_url: str) -> None:
     assert migrate_sinks(ledger_url)["ip_count"] == []
 
 
+def test_the_migration_to_0010_turns_existing_contributions_tables_into_a_log(
+        postgres: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A ledger at 0009 with a sink table `microbatch migrate` had created then: a primary key, rows in it.
+    name = f"t_{uuid.uuid4().hex[:10]}"
+    postgres.create_database(name)
+    url = postgres.url(name)
+    migrate(url, "0009")
+    with get_engine(url).begin() as conn:
+        conn.execute(text(
+            "CREATE TABLE probe_views_contributions (batch_id bigint NOT NULL, topic text NOT NULL, "
+            "partition integer NOT NULL, page text NOT NULL, minute timestamptz NOT NULL, views bigint NOT NULL, "
+            "CONSTRAINT pk_probe_views_contributions PRIMARY KEY (batch_id, topic, partition, page, minute))"))
+        conn.execute(text("INSERT INTO probe_views_contributions VALUES (1, 't', 0, '/home', now(), 3)"))
+    write_spec(tmp_path / "pipelines", probe_views())
+    monkeypatch.setenv("MICROBATCH_PIPELINES_DIR", str(tmp_path / "pipelines"))
+    migrate(url)  # the ledger to head, then the sinks of every spec, as `microbatch migrate` does
+    with get_engine(url).connect() as conn:
+        inspector = sa.inspect(conn)
+        for table in ("ip_counts_contributions", "probe_views_contributions"):
+            assert inspector.get_pk_constraint(table)["constrained_columns"] == [], table
+            assert {i["name"]: i["column_names"] for i in inspector.get_indexes(table)} == {f"ix_{table}": ["batch_id"]}
+        assert conn.execute(text("SELECT sum(views) FROM probe_views_contributions")).scalar_one() == 3
+        assert not plan_changes(conn, sink_metadata(probe_views()))
+        assert not plan_changes(conn, sink_metadata(IP_COUNT))
+
+
 def test_migrate_creates_the_tables_of_a_new_sink(ledger_url: str, tmp_path: Path,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     spec = probe_views(window={"start": "minute", "end": "minute"})
@@ -73,8 +100,9 @@ def test_migrate_creates_the_tables_of_a_new_sink(ledger_url: str, tmp_path: Pat
             "ix_probe_views_minute": ["minute"]}
         assert {i["name"]: i["column_names"] for i in inspector.get_indexes("stage_probe_views")} == {
             "ix_stage_probe_views_batch": ["batch_id", "attempt"]}
-        assert inspector.get_pk_constraint("probe_views_contributions")["constrained_columns"] == [
-            "batch_id", "topic", "partition", "page", "minute"]
+        assert inspector.get_pk_constraint("probe_views_contributions")["constrained_columns"] == []
+        assert {i["name"]: i["column_names"] for i in inspector.get_indexes("probe_views_contributions")} == {
+            "ix_probe_views_contributions": ["batch_id"]}
         # No foreign key: its per-row check dominated the commit (bench/commit_cost.py --explain).
         assert inspector.get_foreign_keys("probe_views_contributions") == []
         assert not any(c["nullable"] for c in inspector.get_columns("stage_probe_views"))

@@ -43,14 +43,14 @@ def merge_aggregate_sql(sink: PostgresAggregateSink) -> str:
 
 
 def contributions_sql(sink: PostgresAggregateSink) -> str:
-    """Keep this batch's staged partial aggregates per source partition (what a replay retracts)."""
-    group = ", ".join(quote(c) for c in ("topic", "partition", *sink.keys))
-    sums = ", ".join(f"sum({quote(c)})" for c in sink.sum_columns)
+    """Keep this batch's staged partial aggregates per source partition (what a replay retracts), copied as
+    staged: every reader of the contributions sums them per key, so they need no grouping (whose sort was half
+    of this statement at 80,000 rows: bench/commit_cost.py --explain)."""
     columns = ", ".join(quote(c) for c in ("topic", "partition", *sink.key_and_sum_columns))
     return (
         f"INSERT INTO {quote(sink.contributions_table)} (batch_id, {columns}) "
-        f"SELECT :batch_id, {group}, {sums} FROM {quote(sink.staging_table)} "
-        f"WHERE batch_id = :batch_id AND attempt = :attempt GROUP BY {group}"
+        f"SELECT :batch_id, {columns} FROM {quote(sink.staging_table)} "
+        f"WHERE batch_id = :batch_id AND attempt = :attempt"
     )
 
 
@@ -122,6 +122,11 @@ def replay_changes_sql(sink: PostgresAggregateSink) -> str:
     )
 
 
+def contributions_index(contributions_table: str) -> str:
+    """The name of a contributions table's index on batch_id (as long as the primary key's name was)."""
+    return f"ix_{contributions_table}"
+
+
 class PostgresAggregate(Sink):
     type = "postgres_aggregate"
     spec: PostgresAggregateSink
@@ -156,16 +161,18 @@ class PostgresAggregate(Sink):
         staging = sa.Table(spec.staging_table, metadata, *staging_columns(), *typed(*spec.key_and_sum_columns),
                            *source())
         sa.Index(f"ix_{spec.staging_table}_batch", staging.c.batch_id, staging.c.attempt)
+        # An append-only log of what each commit added, read only by a replay or a backfill, for a few batches.
         # No foreign key to batches: its check ran once per inserted row and took most of a commit (80,000 rows:
-        # bench/commit_cost.py --explain). Only the commit writes these rows, for the batch it holds locked in the
-        # same transaction. A table created with the key keeps it (the schema check allows more than the spec).
+        # bench/commit_cost.py --explain). No primary key either: it cost 0.14 s of that commit more than an
+        # index on batch_id alone, and nothing needs it, since every reader sums or counts per key (migration
+        # 0010). Not BRIN, though cheaper still: the ranges appended since the last vacuum stay unsummarized, so
+        # a replay of a recent batch would read them all.
         contributions = sa.Table(
             spec.contributions_table, metadata,
             sa.Column("batch_id", sa.BigInteger, nullable=False),
             *source(), *typed(*spec.key_and_sum_columns),
-            sa.PrimaryKeyConstraint("batch_id", "topic", "partition", *spec.keys,
-                                    name=f"pk_{spec.contributions_table}"),
         )
+        sa.Index(contributions_index(spec.contributions_table), contributions.c.batch_id)
         return [table, staging, contributions]
 
     def retract(self, session: Session, ctx: CommitContext) -> int:
