@@ -122,11 +122,6 @@ def replay_changes_sql(sink: PostgresAggregateSink) -> str:
     )
 
 
-def contributions_index(contributions_table: str) -> str:
-    """The name of a contributions table's index on batch_id (as long as the primary key's name was)."""
-    return f"ix_{contributions_table}"
-
-
 class PostgresAggregate(Sink):
     type = "postgres_aggregate"
     spec: PostgresAggregateSink
@@ -172,7 +167,7 @@ class PostgresAggregate(Sink):
             sa.Column("batch_id", sa.BigInteger, nullable=False),
             *source(), *typed(*spec.key_and_sum_columns),
         )
-        sa.Index(contributions_index(spec.contributions_table), contributions.c.batch_id)
+        sa.Index(f"ix_{spec.contributions_table}", contributions.c.batch_id)  # as long as the old key's name
         return [table, staging, contributions]
 
     def retract(self, session: Session, ctx: CommitContext) -> int:
