@@ -16,7 +16,7 @@ from pathlib import Path
 from pyspark.sql import Observation, SparkSession
 from pyspark.sql import functions as F
 
-from microbatch.phases.stage import jdbc_options, kafka_read_options
+from microbatch.phases.stage import jdbc_options, kafka_read_options, read_kafka_through_v2
 from microbatch.types import OffsetRange
 from spark_jobs.ip_count import transform
 
@@ -65,6 +65,7 @@ def main(argv: list[str]) -> int:
     reps = int(argv[1])
     spark = SparkSession.builder.appName("bench-stage-profile").getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
+    read_kafka_through_v2(spark)  # the stage's read
     options = kafka_read_options(ranges, os.environ["MICROBATCH_KAFKA_BOOTSTRAP"], "read_committed")
     runs = [steps(spark, options, os.environ.get("MICROBATCH_LEDGER_URL")) for _ in range(reps)]
     print("BENCH:" + json.dumps({"runs": runs}), flush=True)

@@ -322,8 +322,10 @@ def test_old_lag_snapshots_are_pruned_but_each_partitions_newest_is_kept(kafka, 
 # --- Spark reads: splits, transactional input, failOnDataLoss -----------------------------------------------
 
 def read(spark, ranges: list[OffsetRange], bootstrap: str, min_partitions: int = 0, isolation="read_committed"):
-    from microbatch.phases.stage import kafka_read_options
+    """The stage's read: its options, through the V2 scan it sets up."""
+    from microbatch.phases.stage import kafka_read_options, read_kafka_through_v2
 
+    read_kafka_through_v2(spark)
     return spark.read.format("kafka").options(**kafka_read_options(ranges, bootstrap, isolation, min_partitions)).load()
 
 
@@ -337,6 +339,26 @@ def test_min_spark_partitions_splits_deterministically_with_equal_results(spark,
     rows = sorted(tuple(r) for r in split.select("partition", "offset", "value").collect())
     assert rows == sorted(tuple(r) for r in plain.select("partition", "offset", "value").collect())
     assert len(rows) == 1000
+
+
+def test_the_stage_reads_kafka_through_the_v2_scan_and_keeps_a_users_other_v1_sources(spark, kafka, topic):
+    from microbatch.phases.stage import V1_SOURCE_LIST
+
+    bootstrap = kafka.bootstrap_servers
+    produce(bootstrap, topic, {0: 7, 2: 5})
+    ranges = [OffsetRange(topic, 0, 2, 7), OffsetRange(topic, 2, 0, 5)]
+    spark.conf.unset(V1_SOURCE_LIST)
+    assert "kafka" in spark.conf.get(V1_SOURCE_LIST).split(",")  # Spark's default reads Kafka through V1
+    spark.conf.set(V1_SOURCE_LIST, "csv,Kafka,json")
+    try:
+        records = read(spark, ranges, bootstrap)
+        assert spark.conf.get(V1_SOURCE_LIST) == "csv,json"
+        plan = records._jdf.queryExecution().executedPlan().toString()
+        assert "KafkaScan" in plan and "KafkaRelation" not in plan, plan
+        rows = sorted((r.partition, r.offset) for r in records.select("partition", "offset").collect())
+        assert rows == [(0, o) for o in range(2, 7)] + [(2, o) for o in range(5)]
+    finally:
+        spark.conf.unset(V1_SOURCE_LIST)
 
 
 def test_transactional_input_counts_only_committed_records(spark, kafka, topic, ledger_url):
