@@ -44,17 +44,20 @@ def main(argv: list[str]) -> int:
         run = spark_submit(APPS / "stage_profile.py", [str(ranges), str(args.reps)],
                            {"MICROBATCH_KAFKA_BOOTSTRAP": stack.bootstrap, "MICROBATCH_LEDGER_URL": ledger},
                            conf={"spark.sql.shuffle.partitions": "4"}, driver_memory="1g")
-    runs = run.json_lines()[-1]["runs"]
-    results["runs"] = runs
+    reported = run.json_lines()[-1]
+    runs, cpu = reported["runs"], reported["cpu"]
+    results["runs"], results["cpu"] = runs, cpu
     steady = {step: median([r[step] for r in runs[1:] or runs]) for step in runs[0]}
-    results["steady_s"] = steady
+    steady_cpu = {step: median([r[step] for r in cpu[1:] or cpu]) for step in cpu[0]}
+    results["steady_s"], results["steady_cpu_s"] = steady, steady_cpu
     results["command"] = reproduce_command("stage_profile.py", argv)
     path = write_results("stage_profile", results)
     base = steady["1 read + count()"]
     print_table(f"The stage's read, step by step: {n:,} records, {args.partitions} partitions "
                 f"(median of reps 2..{args.reps}; rep 1 warms the JIT)",
-                ["step", "first rep s", "steady s", "records/s", "x read + count()"],
-                [[step, runs[0][step], s, n / s, s / base] for step, s in steady.items()])
+                ["step", "first rep s", "steady s", "records/s", "x read + count()", "steady CPU s", "CPU µs/record"],
+                [[step, runs[0][step], s, n / s, s / base, steady_cpu[step], steady_cpu[step] / n * 1e6]
+                 for step, s in steady.items()])
     print(f"results: {path}\nreproduce: {results['command']}")
     return 0
 

@@ -3,6 +3,8 @@
 spark-submit stage_profile.py RANGES_JSON REPS   prints BENCH:{json}
 env: MICROBATCH_KAFKA_BOOTSTRAP, and MICROBATCH_LEDGER_URL for step 6 (the JDBC staging write).
 Each step is one Spark action over the whole range; the last repetition is the steady state (JIT warm).
+Each step's CPU seconds are those of the application's JVM (driver and, in local mode, the executors), read
+from the OS around the action.
 """
 
 from __future__ import annotations
@@ -13,34 +15,33 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 from pyspark.sql import Observation, SparkSession
 from pyspark.sql import functions as F
 
-from microbatch.phases.stage import jdbc_options, kafka_read_options, read_kafka_through_v2
+from microbatch.phases.stage import V1_SOURCE_LIST, jdbc_options, kafka_read_options, read_kafka_through_v2
 from microbatch.types import OffsetRange
 from spark_jobs.ip_count import transform
 
 
-def steps(spark: SparkSession, options: dict[str, str], ledger: str | None) -> dict[str, float]:
+def steps(spark: SparkSession, options: dict[str, str], ledger: str | None) -> tuple[dict, dict]:
+    """(wall seconds, JVM CPU seconds) of each step."""
     def records():
         return spark.read.format("kafka").options(**options).load()
 
     def parsed():
         return transform.parse(records(), {}, {})
 
-    def timed(action) -> float:
-        t0 = time.monotonic()
-        action()
-        return round(time.monotonic() - t0, 3)
+    jvm = psutil.Process(os.getppid())  # spark-submit's JVM started this Python driver
+    wall: dict[str, float] = {}
+    cpu: dict[str, float] = {}
 
-    out: dict[str, float] = {}
-    out["1 read + count()"] = timed(lambda: records().count())
-    out["2 read + touch every value"] = timed(lambda: records().agg(F.sum(F.length("value"))).collect())
-    out["3 read + parse (ip, time, error)"] = timed(lambda: parsed().agg(
-        F.count(F.when(F.col("error").isNull(), 1)), F.max("event_time"), F.max(F.length("ip"))).collect())
-    out["4 read + parse + aggregate (no cache)"] = timed(lambda: transform.outputs(
-        parsed().where(F.col("error").isNull() & ~F.col("late")), {}, {})["ip_counts"].write.format("noop")
-        .mode("overwrite").save())
+    def timed(step: str, action) -> None:
+        c0, t0 = sum(jvm.cpu_times()[:2]), time.monotonic()
+        action()
+        wall[step] = round(time.monotonic() - t0, 3)
+        cpu[step] = round(sum(jvm.cpu_times()[:2]) - c0, 3)
+
     def stage_pass(write) -> None:
         """What the stage runs for one sink: read, parse, observe the counts, aggregate, write."""
         observed = parsed().observe(Observation(), F.count(F.lit(1)).alias("records"),
@@ -50,14 +51,26 @@ def steps(spark: SparkSession, options: dict[str, str], ledger: str | None) -> d
         write(out.select(F.lit(1).cast("bigint").alias("batch_id"), F.lit(1).alias("attempt"), "topic", "partition",
                          "window_start", "window_end", "ip", "count"))
 
-    out["5 the stage's pass, no JDBC (observe + aggregate)"] = timed(
-        lambda: stage_pass(lambda df: df.write.format("noop").mode("overwrite").save()))
+    def noop(df) -> None:
+        df.write.format("noop").mode("overwrite").save()
+
+    timed("1 read + count()", lambda: records().count())
+    timed("2 read + touch every value", lambda: records().agg(F.sum(F.length("value"))).collect())
+    timed("3 read + parse (ip, time, error)", lambda: parsed().agg(
+        F.count(F.when(F.col("error").isNull(), 1)), F.max("event_time"), F.max(F.length("ip"))).collect())
+    timed("4 read + parse + aggregate (no cache)", lambda: noop(transform.outputs(
+        parsed().where(F.col("error").isNull() & ~F.col("late")), {}, {})["ip_counts"]))
+    timed("5 the stage's pass, no JDBC (observe + aggregate)", lambda: stage_pass(noop))
+    spark.conf.set(V1_SOURCE_LIST, "kafka")  # as Spark's default list: Kafka through the V1 relation
+    timed("5v1 step 5, Kafka read through the V1 relation (Spark's default)", lambda: stage_pass(noop))
+    spark.conf.unset(V1_SOURCE_LIST)
+    read_kafka_through_v2(spark)
     if ledger:
         jdbc = jdbc_options(ledger)
-        out["6 the stage's pass with its JDBC staging write"] = timed(lambda: stage_pass(
+        timed("6 the stage's pass with its JDBC staging write", lambda: stage_pass(
             lambda df: df.write.format("jdbc").options(**jdbc).option("dbtable", "stage_ip_counts").mode("append")
             .save()))
-    return out
+    return wall, cpu
 
 
 def main(argv: list[str]) -> int:
@@ -68,7 +81,7 @@ def main(argv: list[str]) -> int:
     read_kafka_through_v2(spark)  # the stage's read
     options = kafka_read_options(ranges, os.environ["MICROBATCH_KAFKA_BOOTSTRAP"], "read_committed")
     runs = [steps(spark, options, os.environ.get("MICROBATCH_LEDGER_URL")) for _ in range(reps)]
-    print("BENCH:" + json.dumps({"runs": runs}), flush=True)
+    print("BENCH:" + json.dumps({"runs": [wall for wall, _ in runs], "cpu": [cpu for _, cpu in runs]}), flush=True)
     spark.stop()
     return 0
 
