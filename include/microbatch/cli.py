@@ -697,13 +697,29 @@ def main() -> None:
     except MicrobatchError as exc:
         _print_error(exc)
     except OperationalError as exc:
-        _print_error(unreachable(os.environ.get(settings.LEDGER_URL_ENV, ""), exc))
+        _print_error(airflow_metadata_error(exc) or unreachable(os.environ.get(settings.LEDGER_URL_ENV, ""), exc))
     except ProgrammingError as exc:
         reason = str(exc.orig).strip().splitlines()[0]
         _print_error(MicrobatchError(f"The ledger database does not have the tables this needs ({reason}).",
                                      fix="Create or upgrade them with `microbatch migrate`."))
     except KafkaError:
         _print_error(broker_unreachable(os.environ.get(settings.BOOTSTRAP_ENV, "")))
+
+
+def airflow_metadata_error(exc: Exception) -> MicrobatchError | None:
+    """One sentence when a DAG run's failure came from Airflow's own SQLite metadata file, not from the ledger
+    (PostgreSQL): two `microbatch run` or `backfill` processes under one AIRFLOW_HOME write that file at once."""
+    import sqlite3
+
+    if not isinstance(getattr(exc, "orig", None), sqlite3.Error):
+        return None
+    home = os.environ.get("AIRFLOW_HOME", "AIRFLOW_HOME")
+    reason = str(getattr(exc, "orig", exc)).strip().splitlines()[0]
+    return MicrobatchError(
+        f"Airflow's metadata database in {home} failed: {reason}. Another `microbatch run` or `backfill` process "
+        "under the same AIRFLOW_HOME was writing it at the same moment.",
+        fix="Run it again (the ledger keeps an unfinished batch, and the next run finishes it), or give concurrent "
+        "runs their own AIRFLOW_HOME.")
 
 
 def _print_error(exc: MicrobatchError) -> None:

@@ -18,6 +18,7 @@ from microbatch.config import find_spec
 from microbatch.dev.datagen import generate_lines, produce_lines
 from microbatch.ledger import repository as repo
 from microbatch.ledger.database import transaction
+from microbatch.runner import metadata_db
 from tests.e2e.helpers import assert_exactly_once, cli, read_output, write_test_spec
 
 pytestmark = pytest.mark.e2e
@@ -60,7 +61,16 @@ def test_fill_history_before_the_start_position(service_env, topic, kafka, ledge
     live_coords = produce_lines(kafka.bootstrap_servers, topic, live)
     cursor = positions(ledger_url)
 
-    dry = cli(env, "backfill", "ip_count", "--topic", topic, "--start", "0", "--end", "latest", "--dry-run")
+    # The fill runs under its own Airflow home: two `dag.test()` processes writing one SQLite metadata file at the
+    # same moment can fail with "database is locked" (docs/operations.md). The ledger, Kafka and the specs are
+    # shared, and they are what this test is about. Its home is migrated here, before the race.
+    fill_env = {**env, "AIRFLOW_HOME": str(tmp_path / "airflow-fill")}
+    (tmp_path / "airflow-fill").mkdir()
+    with monkeypatch.context() as patched:
+        patched.setenv("AIRFLOW_HOME", fill_env["AIRFLOW_HOME"])
+        with metadata_db():
+            pass
+    dry = cli(fill_env, "backfill", "ip_count", "--topic", topic, "--start", "0", "--end", "latest", "--dry-run")
     assert dry.returncode == 0, dry.stdout[-3000:] + dry.stderr[-2000:]
     log = dry.stdout + dry.stderr
     assert "dry run: nothing is written" in log
@@ -71,7 +81,7 @@ def test_fill_history_before_the_start_position(service_env, topic, kafka, ledge
     # The scheduled runs (the live data) and the fill (the history) run at the same moment, on the
     # same partitions, each in its own process.
     scheduled = spawn(env, "run", "ip_count", "--max-runs", "10")
-    filling = spawn(env, "backfill", "ip_count", "--topic", topic, "--start", "0", "--end", "latest")
+    filling = spawn(fill_env, "backfill", "ip_count", "--topic", topic, "--start", "0", "--end", "latest")
     done_out, _ = filling.communicate(timeout=900)
     scheduled_out, _ = scheduled.communicate(timeout=900)
     assert scheduled.returncode == 0, scheduled_out[-3000:]
@@ -94,7 +104,7 @@ def test_fill_history_before_the_start_position(service_env, topic, kafka, ledge
     corrections = {datetime.fromisoformat(v["window_start"]).hour for _, v in published if v.get("correction")}
     assert corrections <= {11}, "only history windows are corrections"
 
-    again = cli(env, "backfill", "ip_count", "--topic", topic, "--start", "0", "--end", "latest")
+    again = cli(fill_env, "backfill", "ip_count", "--topic", topic, "--start", "0", "--end", "latest")
     assert again.returncode == 0
     with transaction(ledger_url) as session:
         backfills = session.execute(text("SELECT count(*) FROM batches WHERE kind = 'backfill'")).scalar_one()
