@@ -711,10 +711,11 @@ def airflow_metadata_error(exc: Exception) -> MicrobatchError | None:
     (PostgreSQL): two `microbatch run` or `backfill` processes under one AIRFLOW_HOME write that file at once."""
     import sqlite3
 
-    if not isinstance(getattr(exc, "orig", None), sqlite3.Error):
+    orig = getattr(exc, "orig", None)
+    if not isinstance(orig, sqlite3.Error):
         return None
     home = os.environ.get("AIRFLOW_HOME", "AIRFLOW_HOME")
-    reason = str(getattr(exc, "orig", exc)).strip().splitlines()[0]
+    reason = str(orig).strip().splitlines()[0]
     return MicrobatchError(
         f"Airflow's metadata database in {home} failed: {reason}. Another `microbatch run` or `backfill` process "
         "under the same AIRFLOW_HOME was writing it at the same moment.",
