@@ -1,7 +1,7 @@
 """The stage phase in Spark Connect mode, as the Airflow stage task runs it: a Connect client session on a
 long-lived server (SPARK_REMOTE=sc://HOST:PORT) and the same staging.stage_batches, so no JVM starts per batch.
 
-    SPARK_REMOTE=sc://127.0.0.1:15002 connect_stage.py PIPELINE BATCH_ID [fresh]   -> BENCH:{json}
+    SPARK_REMOTE=sc://127.0.0.1:15002 connect_stage.py PIPELINE BATCH_ID[,BATCH_ID...] [fresh]   -> BENCH:{json}
 
 It reattaches to the server-side session that the pipeline's scheduled DAG shares, as the stage task does; with
 `fresh`, it opens a new session instead (and leaves it to the server's idle timeout, as a killed task would).
@@ -31,13 +31,12 @@ def main(argv: list[str]) -> int:
     spark = connect_session(os.environ["SPARK_REMOTE"], spec.spark.conf, share_key=share_key)
     connected = time.monotonic() - t0
     t1 = time.monotonic()
-    results = stage_batches(spark, spec, [int(argv[1])], settings.ledger_url(),
+    results = stage_batches(spark, spec, [int(b) for b in argv[1].split(",")], settings.ledger_url(),
                             settings.kafka_settings().bootstrap_servers)
     staged = time.monotonic() - t1
-    result = results[0] if results else None
     print("BENCH:" + json.dumps({"import_s": round(imported, 3), "connect_s": round(connected, 3),
-                                 "stage_s": round(staged, 3), "records": result.records if result else 0,
-                                 "timings": result.timings if result else {}}), flush=True)
+                                 "stage_s": round(staged, 3), "records": sum(r.records for r in results),
+                                 "timings": results[0].timings if len(results) == 1 else {}}), flush=True)
     return 0
 
 

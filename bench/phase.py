@@ -1,6 +1,6 @@
 """plan or commit one batch in this process, as an Airflow task would, and print BENCH:{json}.
 
-    phase.py plan PIPELINE        -> {"batch_id", "records", "seconds"}
+    phase.py plan PIPELINE        -> {"batch_id", "batch_ids" (the run's batches), "records", "seconds"}
     phase.py commit PIPELINE N    -> {"seconds" (commit_batch), "transaction_s" (incl. COMMIT)}
 Connections come from MICROBATCH_LEDGER_URL / MICROBATCH_KAFKA_BOOTSTRAP / MICROBATCH_PIPELINES_DIR.
 """
@@ -28,8 +28,8 @@ def main(argv: list[str]) -> int:
 
         t0 = time.monotonic()
         outcome = plan_next_batch(spec, url, settings.kafka_settings().bootstrap_servers)
-        out = {"batch_id": outcome.batch_id, "records": outcome.records, "ranges": len(outcome.ranges),
-               "seconds": round(time.monotonic() - t0, 4)}
+        out = {"batch_id": outcome.batch_id, "batch_ids": outcome.batch_ids, "records": outcome.records,
+               "ranges": len(outcome.ranges), "seconds": round(time.monotonic() - t0, 4)}
     elif what == "commit":
         from microbatch.phases.commit import commit_batch
 

@@ -20,6 +20,8 @@ full read first:
       batches of N/--split; every stage process reattaches to the DAG's shared server-side session, as the
       Airflow stage task does;
   c'f. c' in batches, each stage in a new server-side session (what the stage task did before 2026-11-26);
+  c_run, c'_run. c and c' in batches of N/--split, all planned by one run (`source.max_batches_per_run`), staged in
+      one stage process (one spark-submit, or one Connect client) and committed in order, one transaction each;
   c'w. c' in batches, each of plan, stage and commit in a process forked from a forkserver that imported
       `microbatch.airflow.preload`, as the local stack's Airflow starts its tasks, instead of a new Python process;
   every Connect run of b', b2' and d' likewise reattaches to one server-side session of its own kind, so that
@@ -149,14 +151,16 @@ def raw_connect(stack: Stack, ranges_file: Path, records: int, remote: str) -> d
 
 
 def microbatch_run(stack: Stack, name: str, records: int, per_batch: int, driver_memory: str,
-                   remote: str | None = None, fresh_session: bool = False, warm_tasks: bool = False) -> dict:
+                   remote: str | None = None, fresh_session: bool = False, warm_tasks: bool = False,
+                   batches_per_run: int = 1) -> dict:
     """plan -> stage -> commit until caught up, on a fresh ledger; every phase timed and RSS-sampled.
     With `remote`, the stage is a Spark Connect client of that server instead of a spark-submit (with
     `fresh_session`, in a new server-side session per batch; with `warm_tasks`, each phase in a process forked
     from a forkserver that preloaded `microbatch.airflow.preload`, as the local stack's Airflow runs its tasks,
-    instead of a new Python process; those are not RSS-sampled)."""
+    instead of a new Python process; those are not RSS-sampled). With `batches_per_run` > 1, each run plans up to
+    that many batches (`source.max_batches_per_run`), stages them in one stage process and commits them in order."""
     url = stack.fresh_ledger(name)
-    spec_dir = write_spec(stack.work_dir / "specs" / name, [TOPIC], per_batch)
+    spec_dir = write_spec(stack.work_dir / "specs" / name, [TOPIC], per_batch, batches_per_run=batches_per_run)
     env = {"MICROBATCH_LEDGER_URL": url, "MICROBATCH_KAFKA_BOOTSTRAP": stack.bootstrap,
            "MICROBATCH_PIPELINES_DIR": str(spec_dir)}
     from microbatch.config import find_spec
@@ -185,8 +189,9 @@ def microbatch_run(stack: Stack, name: str, records: int, per_batch: int, driver
         peaks["plan_tree"] = max(peaks.get("plan_tree", 0), plan_proc.peak_rss_mb.get("tree", 0))
         if plan["batch_id"] is None:
             break
+        batch_ids = ",".join(str(b) for b in plan["batch_ids"])
         if remote:
-            stage = run_sampled([PYTHON, str(ROOT / "bench" / "connect_stage.py"), "ip_count", str(plan["batch_id"]),
+            stage = run_sampled([PYTHON, str(ROOT / "bench" / "connect_stage.py"), "ip_count", batch_ids,
                                  *(["fresh"] if fresh_session else [])],
                                 env={**spark_env(), **env, "SPARK_REMOTE": remote})
             if stage.returncode != 0:
@@ -194,20 +199,22 @@ def microbatch_run(stack: Stack, name: str, records: int, per_batch: int, driver
         else:
             gc_log = stack.work_dir / f"gc-{name}-{plan['batch_id']}.log"
             stage = spark_submit(APPS / "stage_entry.py",
-                                 ["--pipeline", "ip_count", "--batch-id", str(plan["batch_id"])], env,
+                                 ["--pipeline", "ip_count", "--batch-id", batch_ids], env,
                                  conf={**spec.spark.conf, **gc_logged(gc_log), **event_logged(events)},
                                  driver_memory=driver_memory, py_spy=profiles / f"stage-{plan['batch_id']}.txt")
             heap = live_heap_mb(gc_log)
             peaks["stage_jvm_heap_after_gc"] = max(peaks.get("stage_jvm_heap_after_gc", 0), heap)
         for kind, rss in stage.peak_rss_mb.items():
             peaks[f"stage_{kind}"] = max(peaks.get(f"stage_{kind}", 0), rss)
-        commit, commit_proc = phase("commit", env, "ip_count", str(plan["batch_id"]),
-                                    py_spy=profiles / f"commit-{plan['batch_id']}.txt")
-        peaks["commit_tree"] = max(peaks.get("commit_tree", 0), commit_proc.peak_rss_mb.get("tree", 0))
+        for batch_id in plan["batch_ids"]:
+            commit, commit_proc = phase("commit", env, "ip_count", str(batch_id),
+                                        py_spy=profiles / f"commit-{batch_id}.txt")
+            peaks["commit_tree"] = max(peaks.get("commit_tree", 0), commit_proc.peak_rss_mb.get("tree", 0))
+            totals["commit_s"] += commit["transaction_s"]
+            totals["batches"] += 1
         totals["plan_s"] += plan["seconds"]
         totals["stage_wall_s"] += stage.seconds
-        totals["commit_s"] += commit["transaction_s"]
-        totals["batches"] += 1
+        totals["runs"] = totals.get("runs", 0) + 1
     from microbatch.ledger.database import transaction
 
     with transaction(url) as session:
@@ -317,6 +324,11 @@ def rep_plan(stack: Stack, args: argparse.Namespace, rep: int, split: bool, rang
          lambda: microbatch_run(stack, f"cf10_{rep}", n, per, args.driver_memory, remote, fresh_session=True)),
         ("c_connect_split_warm", split and bool(remote),
          lambda: microbatch_run(stack, f"cw10_{rep}", n, per, args.driver_memory, remote, warm_tasks=True)),
+        ("c_microbatch_split_run", split,
+         lambda: microbatch_run(stack, f"cr10_{rep}", n, per, args.driver_memory, batches_per_run=args.split)),
+        ("c_connect_split_run", split and bool(remote),
+         lambda: microbatch_run(stack, f"ccr10_{rep}", n, per, args.driver_memory, remote,
+                                batches_per_run=args.split)),
     ]
 
 
@@ -334,6 +346,8 @@ RATIOS = [
     ("c'/d", "c_connect_1_batch", "d_peer_1_batch"),
     ("c'/a", "c_connect_1_batch", "a_kafka_consumer"),
     ("c_split/d_split", "c_microbatch_split", "d_peer_split"),
+    ("c_run/d_split", "c_microbatch_split_run", "d_peer_split"),
+    ("c'_run/d'_split", "c_connect_split_run", "d_connect_split"),
     ("c'_split/d'_split", "c_connect_split", "d_connect_split"),
     ("c'_split/d_split", "c_connect_split", "d_peer_split"),
     ("c'_split/c'f_split", "c_connect_split", "c_connect_split_fresh"),
@@ -402,7 +416,7 @@ def main(argv: list[str]) -> int:
     # Per batch, each run of microbatch: the Spark job (the stage's one pass) and what each batch pays around it.
     per_batch = []
     for key in ("c_microbatch_1_batch", "c_connect_1_batch", "c_microbatch_split", "c_connect_split",
-                "c_connect_split_fresh", "c_connect_split_warm"):
+                "c_connect_split_fresh", "c_connect_split_warm", "c_microbatch_split_run", "c_connect_split_run"):
         if key in runs:
             b = median([r["batches"] for r in runs[key]])
             job = median([r["stage_engine_s"] for r in runs[key]]) / b
@@ -444,8 +458,7 @@ def main(argv: list[str]) -> int:
                 by_size)
     spark_rows = []
     for key in ("b_spark_raw_count", "b2_bare_job", "b2o_bare_job_observed", "c_microbatch_1_batch", "d_peer_1_batch",
-                "c_microbatch_split",
-                "d_peer_split"):
+                "c_microbatch_split", "c_microbatch_split_run", "d_peer_split"):
         metrics = [r["spark_metrics"] for r in runs.get(key, []) if r.get("spark_metrics")]
         if metrics:
             m = {k: median([x[k] for x in metrics]) for k in metrics[0]}

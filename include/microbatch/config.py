@@ -174,6 +174,11 @@ class SourceSpec(_Strict):
     """Upper bound of offsets one batch reads, split across partitions by backlog."""
     max_records_per_partition: int | None = Field(default=None, gt=0)
     """Upper bound of offsets one batch reads from any one partition."""
+    max_batches_per_run: int = Field(default=1, ge=1, le=1000)
+    """How many consecutive batches one run may plan when the backlog is larger than one batch. Each reads at most
+    `max_records_per_batch` and commits in its own transaction; one Spark application stages them all, in order,
+    so a pipeline that is behind pays one Spark start per run instead of one per batch (like Structured
+    Streaming's `Trigger.AvailableNow` with `maxOffsetsPerTrigger`)."""
     min_records_per_batch: int | None = Field(default=None, gt=0)
     """Wait for at least this many new offsets before running a batch, but no longer than `max_wait_seconds`."""
     max_wait_seconds: float | None = Field(default=None, gt=0)

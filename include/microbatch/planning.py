@@ -273,6 +273,28 @@ def plan_batch(
     )
 
 
+def follow_on_plans(first: Plan, latest: Mapping[TopicPartition, int], source: SourceSpec) -> list[Plan]:
+    """The further batches of one run under `source.max_batches_per_run`, after `first`.
+
+    Each starts where the one before ends on every partition and is limited like any batch (the batch and
+    partition limits, split by backlog), as Structured Streaming's `Trigger.AvailableNow` splits a backlog
+    under `maxOffsetsPerTrigger`. The chain stops at the run's limit, when the backlog is read, or when the
+    rest is below `min_records_per_batch` (it waits for a later run, as any small batch does). Only the
+    first plan can hold new partitions or gaps: the ones after it start at positions it set.
+    """
+    plans: list[Plan] = []
+    previous = first
+    starts = dict(first.starts)
+    while len(plans) + 1 < source.max_batches_per_run and previous.ranges and not previous.deferred:
+        starts.update({r.tp: r.end for r in previous.ranges})
+        ranges, backlog = plan_ranges(starts, latest, source.max_records_per_batch, source.max_records_per_partition)
+        if not ranges or defer_reason(sum(backlog.values()), source, 0.0):
+            break
+        previous = Plan(ranges=tuple(ranges), backlog=backlog, starts=dict(starts))
+        plans.append(previous)
+    return plans
+
+
 def lost_ranges(ranges: Iterable[OffsetRange], earliest: Mapping[TopicPartition, int]) -> list[OffsetRange]:
     """The parts of planned ranges that retention has deleted since they were planned (start below earliest)."""
     return [

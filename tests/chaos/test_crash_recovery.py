@@ -8,6 +8,8 @@ the input, dead letters equal the malformed lines, and the ledger has no hole or
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 from sqlalchemy import text
 
@@ -65,3 +67,51 @@ def test_crash_then_recover_exactly_once(case, service_env, topic, kafka, ledger
     with transaction(ledger_url) as session:
         staged_left = session.execute(text("SELECT count(*) FROM stage_ip_counts")).scalar_one()
     assert staged_left == 0
+
+
+CHAIN_CASES = {
+    # name: (failpoint, open batches left when the runner itself dies, else None)
+    "stage_dies_between_batches": ("stage.after_staged=kill", None),
+    "commit_dies_inside_the_first_batch": ("commit.before_commit", 3),
+    "commit_dies_between_batches": ("commit.after_commit=kill", 2),
+}
+
+
+@pytest.mark.parametrize("case", list(CHAIN_CASES))
+def test_crash_inside_a_run_of_several_batches_then_recover_exactly_once(case, service_env, topic, kafka,
+                                                                         ledger_url, tmp_path):
+    """source.max_batches_per_run: 3: one run plans 3 batches, one spark-submit stages them in order (each from
+    the state the one before leaves), and the commit task commits them in order. A death after the run's first
+    batch, in the stage or the commit, leaves the rest open; the next attempt finishes them exactly once."""
+    failpoint, left_open = CHAIN_CASES[case]
+    specs = write_test_spec(tmp_path / "pipelines", topic, max_records=500, bootstrap=kafka.bootstrap_servers,
+                            batches_per_run=3)
+    env = {**service_env, "MICROBATCH_PIPELINES_DIR": str(specs)}
+    lines = generate_lines(3_000, ips=25, span_seconds=60, out_of_order=0.1, malformed=0.03, seed=len(case) + 100)
+    coords = produce_lines(kafka.bootstrap_servers, topic, lines)
+
+    markers = tmp_path / "fired"
+    armed = {FAILPOINTS_ENV: failpoint, FAILPOINT_DIR_ENV: str(markers)}
+    crashed = run_pipeline(env, max_runs=5, extra_env=armed)
+    assert (markers / failpoint.split("=")[0]).exists(), f"{failpoint} never fired:\n{crashed.stdout[-3000:]}"
+    if left_open is not None:
+        assert crashed.returncode in (EXIT_CODE, -9), crashed.stdout[-2000:] + crashed.stderr[-2000:]
+        with transaction(ledger_url) as session:
+            open_batches = session.execute(text("SELECT count(*) FROM batches WHERE state IN ('planned', 'staged')"))
+            assert open_batches.scalar_one() == left_open
+        recovered = run_pipeline(env, max_runs=5, extra_env=armed)
+        assert recovered.returncode == 0, recovered.stdout[-3000:] + recovered.stderr[-3000:]
+    else:
+        assert crashed.returncode == 0, crashed.stdout[-3000:] + crashed.stderr[-3000:]
+
+    assert_exactly_once(ledger_url, env, lines, coords, f"{topic}_out")
+    with transaction(ledger_url) as session:
+        batches = session.execute(text(
+            "SELECT id, airflow_run_id, state_before, state_after FROM batches WHERE state = 'committed' ORDER BY id"
+        )).all()
+        staged_left = session.execute(text("SELECT count(*) FROM stage_ip_counts")).scalar_one()
+    assert staged_left == 0
+    assert len(batches) == 6, batches  # 3,000 records in batches of 500
+    assert len({b.airflow_run_id for b in batches}) == 2, "two runs of three batches each"
+    for before, after in itertools.pairwise(batches):
+        assert after.state_before == before.state_after, (before, after)  # each batch starts from the last's state

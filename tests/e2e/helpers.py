@@ -24,11 +24,13 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def write_test_spec(directory: Path, topic: str, max_records: int, retry_delay: float = 1.0,
-                    bootstrap: str | None = None) -> Path:
-    """A copy of ip_count.yaml that reads `topic`, in small batches, with short retry delays, and
-    publishes to `<topic>_out` (created here when `bootstrap` is given)."""
+                    bootstrap: str | None = None, batches_per_run: int = 1) -> Path:
+    """A copy of ip_count.yaml that reads `topic`, in small batches (up to `batches_per_run` per run), with short
+    retry delays, and publishes to `<topic>_out` (created here when `bootstrap` is given)."""
     spec = yaml.safe_load((ROOT / "include/pipelines/ip_count.yaml").read_text())
     spec["source"].update(topics=[topic], max_records_per_batch=max_records, commit_group_offsets=False)
+    if batches_per_run > 1:
+        spec["source"]["max_batches_per_run"] = batches_per_run
     for sink in spec["sinks"]:
         if sink["type"] == "kafka":
             sink["topic"] = f"{topic}_out"

@@ -190,11 +190,17 @@ def test_a_batch_already_in_a_lakehouse_table_cannot_be_abandoned(ledger_url):
         assert repo.get_batch(session, batch_id).state == "staged"
 
 
-def test_only_one_open_scheduled_batch(ledger_url):
-    plan_and_stage(ledger_url, [OffsetRange("t", 0, 0, 4)], [])
-    with pytest.raises(IntegrityError, match="uq_batches_one_open_scheduled"), transaction(ledger_url) as session:
+def test_open_scheduled_batches_all_belong_to_one_plan(ledger_url):
+    """The database refuses a second plan while one is open; a run's later batches name its first (run_head)."""
+    first, _ = plan_and_stage(ledger_url, [OffsetRange("t", 0, 0, 4)], [])
+    with pytest.raises(IntegrityError, match="ex_batches_one_open_plan"), transaction(ledger_url) as session:
         pipeline = repo.ensure_pipeline(session, SPEC)
         repo.insert_batch(session, pipeline, Plan(ranges=(OffsetRange("t", 0, 4, 8),)))
+    with transaction(ledger_url) as session:
+        pipeline = repo.ensure_pipeline(session, SPEC)
+        later = repo.insert_batch(session, pipeline, Plan(ranges=(OffsetRange("t", 0, 4, 8),)), run_head=first)
+        assert [b.id for b in repo.find_open_batches(session, pipeline.id)] == [first, later.id]
+        assert repo.open_predecessor(session, later).id == first
 
 
 def test_a_concurrent_stage_waits_for_the_live_one_instead_of_superseding_it(ledger_url):

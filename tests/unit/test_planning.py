@@ -1,10 +1,12 @@
 """Pure planning logic: starts, the data-loss policy, the budget split and the ledger audit."""
 
+import itertools
+
 import pytest
 
 from microbatch.config import OnDataLoss, SourceSpec, Startup
 from microbatch.errors import DataLossError
-from microbatch.planning import find_holes, find_overlaps, plan_batch, plan_ranges, split_budget
+from microbatch.planning import find_holes, find_overlaps, follow_on_plans, plan_batch, plan_ranges, split_budget
 from microbatch.types import Gap, OffsetRange, TopicPartition
 
 T0, T1, T2 = (TopicPartition("t", p) for p in range(3))
@@ -87,3 +89,29 @@ def test_audit_accepts_gaps_and_flags_position_mismatch():
     assert find_holes(ranges, [Gap("t", 0, 10, 15, "retention")], {T0: 25}) == [
         "t[0]: the position is 25 but the committed ranges end at 20"
     ]
+
+
+def test_one_run_chains_batches_each_starting_where_the_last_ends_until_its_limit():
+    spec = source(max_records_per_batch=10, max_batches_per_run=3)
+    latest = {T0: 30, T1: 15}
+    first = plan_batch({T0: 0, T1: 0}, {T0: 0, T1: 0}, latest, spec)
+    rest = follow_on_plans(first, latest, spec)
+    assert len(rest) == 2  # the run's limit, though 15 records are still behind
+    chain = [first, *rest]
+    for before, after in itertools.pairwise(chain):
+        ends = {r.tp: r.end for r in before.ranges}
+        assert all(r.start == ends.get(r.tp, before.starts[r.tp]) for r in after.ranges)
+    assert [p.records for p in chain] == [10, 10, 10]
+    read = {tp: sum(r.size for p in chain for r in p.ranges if r.tp == tp) for tp in latest}
+    assert read == {T0: 20, T1: 10}  # shared by backlog, as every batch is
+    assert all(not p.gaps and not p.new_partitions for p in rest)
+
+
+def test_a_chain_stops_when_the_backlog_is_read_or_the_rest_would_wait():
+    spec = source(max_records_per_batch=10, max_batches_per_run=5)
+    first = plan_batch({T0: 0}, {T0: 0}, {T0: 25}, spec)
+    assert [p.records for p in follow_on_plans(first, {T0: 25}, spec)] == [10, 5]
+    waiting = source(max_records_per_batch=10, max_batches_per_run=5, min_records_per_batch=8)
+    first = plan_batch({T0: 0}, {T0: 0}, {T0: 25}, waiting)
+    assert [p.records for p in follow_on_plans(first, {T0: 25}, waiting)] == [10]  # 5 left: below 8, waits
+    assert follow_on_plans(first, {T0: 25}, source(max_records_per_batch=10)) == []  # the default: one per run

@@ -103,6 +103,9 @@ class Batch(Base):
     timings: Mapped[dict[str, Any]] = mapped_column(default=dict)
     airflow_run_id: Mapped[str | None] = mapped_column(Text)
     """The Airflow run that planned the batch."""
+    run_head: Mapped[int | None] = mapped_column(BigInteger)
+    """On a run's later batches (`source.max_batches_per_run`), the run's first batch; open scheduled batches of a
+    pipeline all share one head (migration 0011)."""
     committed_run_id: Mapped[str | None] = mapped_column(Text)
     """The Airflow run whose commit task committed it (another run's, after a retry in a later run)."""
     error: Mapped[str | None] = mapped_column(Text)

@@ -141,12 +141,23 @@ def reset_position(
     )
 
 
-def find_open_batch(session: Session, pipeline_id: int, kind: BatchKind = BatchKind.SCHEDULED) -> Batch | None:
-    """The batch of this kind that is planned or staged but not yet committed, if any."""
-    return session.scalars(
+def find_open_batches(session: Session, pipeline_id: int, kind: BatchKind = BatchKind.SCHEDULED) -> list[Batch]:
+    """The batches of this kind that are planned or staged but not yet committed, oldest first: one, or the rest
+    of a run that planned several (`source.max_batches_per_run`)."""
+    return list(session.scalars(
         select(Batch)
         .where(Batch.pipeline_id == pipeline_id, Batch.kind == kind.value, Batch.state.in_(OPEN_STATES))
         .order_by(Batch.id)
+    ))
+
+
+def open_predecessor(session: Session, batch: Batch) -> Batch | None:
+    """The open batch of the same pipeline and kind planned just before `batch` in the same run, if any."""
+    return session.scalars(
+        select(Batch)
+        .where(Batch.pipeline_id == batch.pipeline_id, Batch.kind == batch.kind, Batch.id < batch.id,
+               Batch.state.in_(OPEN_STATES))
+        .order_by(Batch.id.desc())
         .limit(1)
     ).one_or_none()
 
@@ -158,11 +169,14 @@ def insert_batch(
     *,
     kind: BatchKind = BatchKind.SCHEDULED,
     airflow_run_id: str | None = None,
+    run_head: int | None = None,
 ) -> Batch:
-    """Insert a planned batch with its ranges, its gaps and the pipeline state at its start."""
+    """Insert a planned batch with its ranges, its gaps and the pipeline state at its start (`run_head`: the first
+    batch of the run, for a run's later batches)."""
     batch = Batch(
         pipeline_id=pipeline.id,
         kind=kind.value,
+        run_head=run_head,
         state=BatchState.PLANNED.value,
         attempt=0,
         state_before=dict(pipeline.state or {}),

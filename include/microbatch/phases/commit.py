@@ -98,6 +98,8 @@ def commit_batch(session: Session, spec: PipelineSpec, batch_id: int, run_id: st
         result.already_committed = True
         return result
     pipeline = _lock_pipeline(session, spec, batch)
+    if batch.kind not in BACKFILL_KINDS:
+        _check_starting_state(session, batch, pipeline)
     # The merges group a batch's staged rows by key: room to sort them in memory (the default 4 MB spilled
     # 80,000 rows to disk; bench/commit_cost.py --explain). Only this transaction's sorts and hashes use it.
     session.execute(text(f"SET LOCAL work_mem = '{COMMIT_WORK_MEM}'"))
@@ -152,6 +154,21 @@ def _context(spec: PipelineSpec, batch: Batch, pipeline: Pipeline) -> CommitCont
         replay=batch.kind == BatchKind.REPLAY.value, watermark_before=before, watermark_after=after,
         sinks=sinks_of(spec),
     )
+
+
+def _check_starting_state(session: Session, batch: Batch, pipeline: Pipeline) -> None:
+    """A scheduled batch commits on the state it was staged from: the batch before it in its run is committed, and
+    the pipeline's state is the one this batch started from."""
+    before = repo.open_predecessor(session, batch)
+    if before is not None:
+        raise MicrobatchError(f"Batch {batch.id} starts where batch {before.id} ends, and batch {before.id} is not "
+                              "committed yet.", fix=f"Nothing was written. Commit batch {before.id} first.")
+    if dict(batch.state_before or {}) != dict(pipeline.state or {}):
+        raise MicrobatchError(
+            f"Batch {batch.id} was staged from the pipeline state {batch.state_before}, but the committed state is "
+            f"now {pipeline.state}.",
+            fix=f"Nothing was written. Stage batch {batch.id} again (clear its stage task), then commit it.",
+        )
 
 
 def _advance_positions(

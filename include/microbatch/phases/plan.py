@@ -1,8 +1,9 @@
 """The plan phase: read the ledger and the broker, decide the next batch, insert it.
 
-The decision itself is the pure `planning.plan_batch`; this module only does the I/O
-around it. The pipeline row is locked FOR UPDATE, so two planners never race, and an open
-batch is always reused: a retry never plans new ranges while an earlier batch is open.
+The decision itself is the pure `planning.plan_batch` (and `planning.follow_on_plans` for the further batches of
+a run under `source.max_batches_per_run`); this module only does the I/O around it. The pipeline row is locked
+FOR UPDATE, so two planners never race, and open batches are always reused: a retry never plans new ranges while
+an earlier batch is open.
 """
 
 from __future__ import annotations
@@ -18,12 +19,19 @@ from pathlib import Path
 from sqlalchemy.orm import Session
 
 from microbatch.config import OnDataLoss, PipelineSpec
-from microbatch.errors import SpecError
+from microbatch.errors import DataLossError, SpecError
 from microbatch.kafka.offsets import discover_source, offset_bounds, offsets_client, startup_lookups
 from microbatch.ledger import repository as repo
 from microbatch.ledger.database import get_engine, transaction
 from microbatch.ledger.models import BatchState
-from microbatch.planning import data_loss_at_read, lost_ranges, needs_group_offsets, needs_offsets_for_time, plan_batch
+from microbatch.planning import (
+    data_loss_at_read,
+    follow_on_plans,
+    lost_ranges,
+    needs_group_offsets,
+    needs_offsets_for_time,
+    plan_batch,
+)
 from microbatch.runtime import PROJECT_ROOT
 from microbatch.sinks import schema
 from microbatch.types import OffsetRange, Plan, StartupOffsets, TopicPartition
@@ -35,12 +43,18 @@ JOB_METHODS = ("parse", "state_metrics", "next_state", "outputs")
 
 @dataclass
 class PlanOutcome:
-    batch_id: int | None
+    batch_ids: list[int]
+    """The run's batches in the order they stage and commit: none, one, or up to `source.max_batches_per_run`."""
     reused: bool
     ranges: list[OffsetRange]
     plan: Plan | None
     latest: dict[TopicPartition, int]
     seconds: float
+
+    @property
+    def batch_id(self) -> int | None:
+        """The run's first batch; None when there is nothing to read."""
+        return self.batch_ids[0] if self.batch_ids else None
 
     @property
     def records(self) -> int:
@@ -50,7 +64,8 @@ class PlanOutcome:
 def plan_next_batch(
     spec: PipelineSpec, ledger_url: str, bootstrap_servers: str, airflow_run_id: str | None = None
 ) -> PlanOutcome:
-    """Reuse the open batch, or plan and insert a new one; batch_id is None when there is nothing to read.
+    """Reuse the open batches, or plan and insert new ones (one, or up to `source.max_batches_per_run` when the
+    backlog is larger than a batch); no batch id when there is nothing to read.
 
     Discovery runs on every plan (listed topics, or the topic pattern). Partitions the ledger has never
     seen start by `source.startup`, and their start is pinned in the ledger in the same transaction, so
@@ -61,27 +76,31 @@ def plan_next_batch(
     earliest, latest, looked_up = _read_broker(spec, ledger_url, bootstrap_servers)
     with transaction(ledger_url) as session:
         pipeline = repo.ensure_pipeline(session, spec, lock=True)
-        reused = _reuse_open_batch(session, pipeline.id, earliest, spec.source.on_data_loss)
-        if reused is not None:
-            return PlanOutcome(reused[0], True, reused[1], None, latest, time.monotonic() - started)
+        reused = _reuse_open_batches(session, pipeline.id, earliest, spec.source.on_data_loss)
+        if reused:
+            return PlanOutcome([batch_id for batch_id, _ in reused], True, [r for _, ranges in reused for r in ranges],
+                               None, latest, time.monotonic() - started)
         positions = repo.read_positions(session, pipeline.id)
         waited = repo.seconds_since_last_batch(session, pipeline.id)
         plan = plan_batch(positions, earliest, latest, spec.source, looked_up, waited)
         repo.pin_new_positions(session, pipeline.id, {tp: plan.starts[tp] for tp in plan.new_partitions})
-        batch_id = None
-        if plan.ranges or plan.gaps:
-            batch = repo.insert_batch(session, pipeline, plan, airflow_run_id=airflow_run_id)
+        plans = [plan, *follow_on_plans(plan, latest, spec.source)] if plan.ranges or plan.gaps else []
+        batch_ids = []
+        for each in plans:
+            batch = repo.insert_batch(session, pipeline, each, airflow_run_id=airflow_run_id,
+                                      run_head=batch_ids[0] if batch_ids else None)
             batch.timings = {"plan_s": round(time.monotonic() - started, 3)}
-            batch_id = batch.id
-        repo.record_lag(session, pipeline.id, batch_id, plan, latest)
-        if batch_id is not None and batch_id % repo.LAG_PRUNE_EVERY == 0:
+            batch_ids.append(batch.id)
+        repo.record_lag(session, pipeline.id, batch_ids[0] if batch_ids else None, plan, latest)
+        if any(batch_id % repo.LAG_PRUNE_EVERY == 0 for batch_id in batch_ids):
             pruned = repo.prune_lag_snapshots(session, pipeline.id)
             if pruned:
                 log.info("pruned %s lag snapshot(s) older than %s days", pruned, repo.LAG_RETENTION_DAYS)
         if plan.disappeared_topics:
             log.warning("topic(s) %s no longer exist or match; their ledger positions are kept",
                         ", ".join(plan.disappeared_topics))
-        return PlanOutcome(batch_id, False, list(plan.ranges), plan, latest, time.monotonic() - started)
+        return PlanOutcome(batch_ids, False, [r for each in plans for r in each.ranges], plan, latest,
+                           time.monotonic() - started)
 
 
 def _read_broker(
@@ -113,25 +132,35 @@ def _read_broker(
     return earliest, latest, looked_up
 
 
-def _reuse_open_batch(
+def _reuse_open_batches(
     session: Session, pipeline_id: int, earliest: dict[TopicPartition, int], on_data_loss: OnDataLoss
-) -> tuple[int, list[OffsetRange]] | None:
-    """The open batch and its ranges, to run again; None if there is none, or if retention deleted part of a
-    planned one under `skip` (it is abandoned, and the fresh plan records the gap). Under `fail`, that raises."""
-    open_batch = repo.find_open_batch(session, pipeline_id)
-    if open_batch is None:
-        return None
-    ranges = repo.batch_ranges(session, open_batch.id)
-    lost = lost_ranges(ranges, earliest) if open_batch.state == BatchState.PLANNED.value else []
-    if not lost:
-        return open_batch.id, ranges
-    error = data_loss_at_read(open_batch.id, lost, on_data_loss)
+) -> list[tuple[int, list[OffsetRange]]]:
+    """The open batches and their ranges, oldest first, to run again; none if there are none.
+
+    If retention deleted part of a planned one, under `fail` that raises; under `skip` that batch and every open
+    batch after it (each starts where the one before ends) are abandoned, the batches before it are still reused,
+    and the next fresh plan records the gap."""
+    reused = []
+    for batch in repo.find_open_batches(session, pipeline_id):
+        ranges = repo.batch_ranges(session, batch.id)
+        lost = lost_ranges(ranges, earliest) if batch.state == BatchState.PLANNED.value else []
+        if lost:
+            _abandon_from(session, pipeline_id, batch.id, data_loss_at_read(batch.id, lost, on_data_loss),
+                          on_data_loss)
+            break
+        reused.append((batch.id, ranges))
+    return reused
+
+
+def _abandon_from(
+    session: Session, pipeline_id: int, batch_id: int, error: DataLossError, on_data_loss: OnDataLoss
+) -> None:
     if on_data_loss is OnDataLoss.FAIL:
         raise error
-    # Retention ran between plan and stage: close the batch; the fresh plan below records the gap.
-    repo.abandon_batch(session, open_batch.id, error.message)
-    log.warning("abandoned batch %s: %s", open_batch.id, error.message)
-    return None
+    # Retention ran between plan and stage: close this batch and the ones after it.
+    for batch in repo.find_open_batches(session, pipeline_id):
+        if batch.id >= batch_id and repo.abandon_batch(session, batch.id, error.message):
+            log.warning("abandoned batch %s: %s", batch.id, error.message)
 
 
 def check_pipeline(spec: PipelineSpec, ledger_url: str) -> None:

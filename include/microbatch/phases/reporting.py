@@ -35,7 +35,9 @@ def log_plan_summary(log: logging.Logger, pipeline: str, outcome: PlanOutcome) -
                      outcome.seconds)
     else:
         verb = "reusing open batch" if outcome.reused else "planned batch"
-        log.info("plan %s: %s %s, %s records in %s range(s) (%.2fs)", pipeline, verb, outcome.batch_id,
+        ids = outcome.batch_ids
+        named = f" {ids[0]}" if len(ids) == 1 else f"es {ids[0]}-{ids[-1]} ({len(ids)} batches, in order)"
+        log.info("plan %s: %s%s, %s records in %s range(s) (%.2fs)", pipeline, verb, named,
                  outcome.records, len(outcome.ranges), outcome.seconds)
         for r in outcome.ranges:
             lag = outcome.latest.get(r.tp, r.end) - r.end

@@ -23,6 +23,7 @@ from pyspark.sql import Column, DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 from sqlalchemy import make_url
 from sqlalchemy.exc import OperationalError
+from sqlalchemy.orm import Session
 
 from microbatch import failpoints
 from microbatch.config import PipelineSpec
@@ -31,7 +32,7 @@ from microbatch.kafka.offsets import offset_bounds, offsets_client
 from microbatch.kafka.security import spark_client_options
 from microbatch.ledger import repository as repo
 from microbatch.ledger.database import stage_lock, transaction
-from microbatch.ledger.models import BatchState
+from microbatch.ledger.models import OPEN_STATES, Batch, BatchKind, BatchState, Pipeline
 from microbatch.phases.reporting import log_stage_summary
 from microbatch.phases.results import StageResult
 from microbatch.planning import data_loss_at_read, lost_ranges
@@ -285,11 +286,33 @@ def _begin_attempt(batch_id: int, ledger_url: str, waited: bool) -> _Attempt | N
             log.info("batch %s was staged by attempt %s of a concurrent run while this one waited; nothing to "
                      "stage, the commit takes that attempt", batch_id, batch.staged_attempt)
             return None
+        state_before = _state_before(session, batch) if batch.state in OPEN_STATES else {}
         attempt = repo.begin_attempt(session, batch_id)
         if attempt is None:
             log.info("batch %s is %s; nothing to stage", batch_id, batch.state)
             return None
-        return _Attempt(batch_id, attempt, repo.batch_ranges(session, batch_id), dict(batch.state_before or {}))
+        return _Attempt(batch_id, attempt, repo.batch_ranges(session, batch_id), state_before)
+
+
+def _state_before(session: Session, batch: Batch) -> dict[str, Any]:
+    """The pipeline state a scheduled batch starts from, fixed when its attempt begins: the state after the open
+    batch planned before it in the same run (which this stage staged first), or else the pipeline's committed
+    state. A backfill batch keeps the state it was planned with."""
+    if batch.kind != BatchKind.SCHEDULED.value:
+        return dict(batch.state_before or {})
+    before = repo.open_predecessor(session, batch)
+    if before is None:
+        pipeline = session.get(Pipeline, batch.pipeline_id)
+        state = dict(pipeline.state or {}) if pipeline is not None else {}
+    elif before.state == BatchState.STAGED.value and before.staged_attempt == before.attempt:
+        state = dict(before.state_after or {})
+    else:
+        raise MicrobatchError(
+            f"Batch {batch.id} starts where batch {before.id} ends, and batch {before.id} is not staged yet.",
+            fix=f"Stage batch {before.id} first: the stage task stages a run's batches in order.",
+        )
+    batch.state_before = state
+    return state
 
 
 def _read_ranges(
