@@ -20,8 +20,9 @@ full read first:
       batches of N/--split; every stage process reattaches to the DAG's shared server-side session, as the
       Airflow stage task does;
   c'f. c' in batches, each stage in a new server-side session (what the stage task did before 2026-11-26);
-  c_run, c'_run. c and c' in batches of N/--split, all planned by one run (`source.max_batches_per_run`), staged in
-      one stage process (one spark-submit, or one Connect client) and committed in order, one transaction each;
+  c_run, c'_run, c'w_run. c, c' and c'w in batches of N/--split, all planned by one run (`source.max_batches_per_run`),
+      staged in one stage process (one spark-submit, or one Connect client) and committed in order, one
+      transaction each;
   c'w. c' in batches, each of plan, stage and commit in a process forked from a forkserver that imported
       `microbatch.airflow.preload`, as the local stack's Airflow starts its tasks, instead of a new Python process;
   every Connect run of b', b2' and d' likewise reattaches to one server-side session of its own kind, so that
@@ -176,14 +177,15 @@ def microbatch_run(stack: Stack, name: str, records: int, per_batch: int, driver
             plan, plan_wall = warm_task("phase", ["plan", "ip_count"], env)
             if plan["batch_id"] is None:
                 break
-            _, stage_wall = warm_task("connect_stage", ["ip_count", str(plan["batch_id"])],
+            _, stage_wall = warm_task("connect_stage", ["ip_count", ",".join(str(b) for b in plan["batch_ids"])],
                                       {**env, "SPARK_REMOTE": str(remote)})
-            commit, _ = warm_task("phase", ["commit", "ip_count", str(plan["batch_id"])], env)
+            for batch_id in plan["batch_ids"]:
+                commit, _ = warm_task("phase", ["commit", "ip_count", str(batch_id)], env)
+                totals["commit_s"] += commit["transaction_s"]
+                totals["batches"] += 1
             totals["plan_s"] += plan["seconds"]
             totals["stage_wall_s"] += stage_wall
-            totals["commit_s"] += commit["transaction_s"]
             totals["task_wall_s"] = totals.get("task_wall_s", 0.0) + plan_wall + stage_wall
-            totals["batches"] += 1
             continue
         plan, plan_proc = phase("plan", env, "ip_count", py_spy=profiles / f"plan-{totals['batches']}.txt")
         peaks["plan_tree"] = max(peaks.get("plan_tree", 0), plan_proc.peak_rss_mb.get("tree", 0))
@@ -329,6 +331,9 @@ def rep_plan(stack: Stack, args: argparse.Namespace, rep: int, split: bool, rang
         ("c_connect_split_run", split and bool(remote),
          lambda: microbatch_run(stack, f"ccr10_{rep}", n, per, args.driver_memory, remote,
                                 batches_per_run=args.split)),
+        ("c_connect_split_warm_run", split and bool(remote),
+         lambda: microbatch_run(stack, f"cwr10_{rep}", n, per, args.driver_memory, remote, warm_tasks=True,
+                                batches_per_run=args.split)),
     ]
 
 
@@ -348,6 +353,7 @@ RATIOS = [
     ("c_split/d_split", "c_microbatch_split", "d_peer_split"),
     ("c_run/d_split", "c_microbatch_split_run", "d_peer_split"),
     ("c'_run/d'_split", "c_connect_split_run", "d_connect_split"),
+    ("c'w_run/d'_split", "c_connect_split_warm_run", "d_connect_split"),
     ("c'_split/d'_split", "c_connect_split", "d_connect_split"),
     ("c'_split/d_split", "c_connect_split", "d_peer_split"),
     ("c'_split/c'f_split", "c_connect_split", "c_connect_split_fresh"),
@@ -416,7 +422,8 @@ def main(argv: list[str]) -> int:
     # Per batch, each run of microbatch: the Spark job (the stage's one pass) and what each batch pays around it.
     per_batch = []
     for key in ("c_microbatch_1_batch", "c_connect_1_batch", "c_microbatch_split", "c_connect_split",
-                "c_connect_split_fresh", "c_connect_split_warm", "c_microbatch_split_run", "c_connect_split_run"):
+                "c_connect_split_fresh", "c_connect_split_warm", "c_microbatch_split_run", "c_connect_split_run",
+                "c_connect_split_warm_run"):
         if key in runs:
             b = median([r["batches"] for r in runs[key]])
             job = median([r["stage_engine_s"] for r in runs[key]]) / b
