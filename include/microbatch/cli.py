@@ -281,10 +281,14 @@ def abandon(
         raise typer.Exit(1)
     with transaction(_ledger_url()) as session:
         was = repo.abandon_open_batch(session, pid, batch, "abandoned by an operator (microbatch abandon)")
+        followers = [] if was is None else repo.abandon_followers(session, pid, batch, "abandoned by an operator")
     if was is None:
         _fail(MicrobatchError(f"Batch {batch} of {pipeline} is not open (planned or staged); nothing changed.",
                               fix="See `microbatch history` for its state."))
     console.print(f"batch {batch} of {pipeline}: {was} -> abandoned; its ranges can be planned again")
+    if followers:
+        console.print(f"batch(es) {', '.join(map(str, followers))}, planned after it in the same run, -> abandoned "
+                      "too: each started where the one before ends")
 
 
 @app.command()

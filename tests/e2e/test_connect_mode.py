@@ -4,6 +4,7 @@ sink, the dead letters and the ledger are checked against an independent recount
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
@@ -32,9 +33,9 @@ def connect_server(tmp_path_factory: pytest.TempPathFactory):
     server.stop()
 
 
-def connect_spec(directory: Path, topic: str, bootstrap: str, max_records: int) -> Path:
+def connect_spec(directory: Path, topic: str, bootstrap: str, max_records: int, batches_per_run: int = 1) -> Path:
     """The test copy of ip_count in connect mode (only the spark.sql.* settings a session may change)."""
-    write_test_spec(directory, topic, max_records, bootstrap=bootstrap)
+    write_test_spec(directory, topic, max_records, bootstrap=bootstrap, batches_per_run=batches_per_run)
     path = directory / "ip_count.yaml"
     spec = yaml.safe_load(path.read_text())
     conf = {key: value for key, value in spec["spark"]["conf"].items() if key.startswith("spark.sql.")}
@@ -88,6 +89,33 @@ def test_ip_count_through_spark_connect_exactly_once(connect_server, service_env
     assert "Spark-Submit cmd" not in log  # no spark-submit: the server did the work
     password = make_url(ledger_url).password
     assert password and password not in log, "a secret leaked into the task logs"
+
+
+def test_one_run_stages_several_batches_in_one_session_exactly_once(connect_server, service_env, topic, kafka,
+                                                                    ledger_url, tmp_path):
+    """source.max_batches_per_run: 3 in Connect mode: each run plans 3 batches of 500, one stage task stages them
+    in order in the DAG's session (each from the watermark the one before leaves), one commit task commits them."""
+    specs = connect_spec(tmp_path / "pipelines", topic, kafka.bootstrap_servers, max_records=500, batches_per_run=3)
+    connection = {"conn_type": "spark_connect", "host": "127.0.0.1", "port": connect_server.port}
+    env = {**service_env, "MICROBATCH_PIPELINES_DIR": str(specs),
+           "AIRFLOW_CONN_SPARK_CONNECT_DEFAULT": json.dumps(connection)}
+    lines = generate_lines(3_000, ips=25, span_seconds=40, out_of_order=0.1, malformed=0.05, seed=43)
+    coords = produce_lines(kafka.bootstrap_servers, topic, lines)
+
+    result = run_pipeline(env, timeout=600)
+    log = result.stdout + result.stderr
+    assert result.returncode == 0, log[-4000:]
+    assert_exactly_once(ledger_url, env, lines, coords, f"{topic}_out")
+    with transaction(ledger_url) as session:
+        batches = session.execute(text("SELECT id, airflow_run_id, run_head, state_before, state_after FROM batches "
+                                       "WHERE state = 'committed' ORDER BY id")).all()
+    assert [b.id for b in batches] == [1, 2, 3, 4, 5, 6]
+    assert [b.run_head for b in batches] == [None, 1, 1, None, 4, 4]
+    assert len({b.airflow_run_id for b in batches}) == 2
+    assert all(later.state_before == earlier.state_after for earlier, later in itertools.pairwise(batches))
+    assert "planned batches 1-3 (3 batches, in order)" in log and "planned batches 4-6" in log
+    assert "staged batches 1,2,3 through Spark Connect" in log, log[-4000:]
+    assert "staged batches 4,5,6 through Spark Connect" in log, log[-4000:]
 
 
 def test_unreachable_server_fails_stage_with_one_sentence(connect_server, service_env, topic, kafka, ledger_url,

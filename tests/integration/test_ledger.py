@@ -198,9 +198,16 @@ def test_open_scheduled_batches_all_belong_to_one_plan(ledger_url):
         repo.insert_batch(session, pipeline, Plan(ranges=(OffsetRange("t", 0, 4, 8),)))
     with transaction(ledger_url) as session:
         pipeline = repo.ensure_pipeline(session, SPEC)
+        pid = pipeline.id
         later = repo.insert_batch(session, pipeline, Plan(ranges=(OffsetRange("t", 0, 4, 8),)), run_head=first)
-        assert [b.id for b in repo.find_open_batches(session, pipeline.id)] == [first, later.id]
+        assert [b.id for b in repo.find_open_batches(session, pid)] == [first, later.id]
         assert repo.open_predecessor(session, later).id == first
+        followers = [later.id,
+                     repo.insert_batch(session, pipeline, Plan(ranges=(OffsetRange("t", 0, 8, 9),)), run_head=first).id]
+    with transaction(ledger_url) as session:  # abandoning the run's first batch closes the ones after it
+        assert repo.abandon_open_batch(session, pid, first, "test") == "staged"
+        assert repo.abandon_followers(session, pid, first, "test") == followers
+        assert repo.find_open_batches(session, pid) == []
 
 
 def test_a_concurrent_stage_waits_for_the_live_one_instead_of_superseding_it(ledger_url):

@@ -433,6 +433,18 @@ def abandon_open_batch(session: Session, pipeline_id: int, batch_id: int, reason
     return was
 
 
+def abandon_followers(session: Session, pipeline_id: int, batch_id: int, reason: str) -> list[int]:
+    """After a scheduled batch is abandoned, close the open batches its run planned after it (each starts where the
+    one before ends, so none of them could commit); their ids."""
+    abandoned = session.get(Batch, batch_id)
+    if abandoned is None or abandoned.kind != BatchKind.SCHEDULED.value:
+        return []
+    later = session.scalars(select(Batch.id).where(
+        Batch.pipeline_id == pipeline_id, Batch.kind == BatchKind.SCHEDULED.value, Batch.id > batch_id,
+        Batch.state.in_(OPEN_STATES)).order_by(Batch.id)).all()
+    return [b for b in later if abandon_open_batch(session, pipeline_id, b, f"{reason}; it followed batch {batch_id}")]
+
+
 def pipeline_uid(session: Session, pipeline_id: int) -> str:
     """The ledger's identity of a pipeline, which its lakehouse commits carry."""
     return session.execute(select(Pipeline.uid).where(Pipeline.id == pipeline_id)).scalar_one()
