@@ -44,6 +44,14 @@ def connect_spec(directory: Path, topic: str, bootstrap: str, max_records: int, 
     return directory
 
 
+def connect_env(service_env: dict[str, str], specs: Path, server: SparkConnectServer) -> dict[str, str]:
+    """The run's environment: the test specs, and the Airflow connection of the spark_connect type, which
+    SparkConnectHook turns into sc://127.0.0.1:PORT."""
+    connection = {"conn_type": "spark_connect", "host": "127.0.0.1", "port": server.port}
+    return {**service_env, "MICROBATCH_PIPELINES_DIR": str(specs),
+            "AIRFLOW_CONN_SPARK_CONNECT_DEFAULT": json.dumps(connection)}
+
+
 def in_one_session_window(seconds: float) -> None:
     """Wait, if need be, until the next `seconds` fall in one shared-session window (at most `seconds`), so that
     every stage task of the test is expected in the same server-side session."""
@@ -59,11 +67,8 @@ def closed_port() -> int:
 
 
 def test_ip_count_through_spark_connect_exactly_once(connect_server, service_env, topic, kafka, ledger_url, tmp_path):
-    specs = connect_spec(tmp_path / "pipelines", topic, kafka.bootstrap_servers, max_records=1500)
-    # The Airflow connection of the spark_connect type, turned into sc://127.0.0.1:PORT by SparkConnectHook.
-    connection = {"conn_type": "spark_connect", "host": "127.0.0.1", "port": connect_server.port}
-    env = {**service_env, "MICROBATCH_PIPELINES_DIR": str(specs),
-           "AIRFLOW_CONN_SPARK_CONNECT_DEFAULT": json.dumps(connection)}
+    env = connect_env(service_env, connect_spec(tmp_path / "pipelines", topic, kafka.bootstrap_servers, 1500),
+                      connect_server)
     lines = generate_lines(3_000, ips=25, span_seconds=40, out_of_order=0.1, malformed=0.05, seed=41)
     coords = produce_lines(kafka.bootstrap_servers, topic, lines)
     assert sum(1 for line in lines if line.malformed) > 100
@@ -96,9 +101,7 @@ def test_one_run_stages_several_batches_in_one_session_exactly_once(connect_serv
     """source.max_batches_per_run: 3 in Connect mode: each run plans 3 batches of 500, one stage task stages them
     in order in the DAG's session (each from the watermark the one before leaves), one commit task commits them."""
     specs = connect_spec(tmp_path / "pipelines", topic, kafka.bootstrap_servers, max_records=500, batches_per_run=3)
-    connection = {"conn_type": "spark_connect", "host": "127.0.0.1", "port": connect_server.port}
-    env = {**service_env, "MICROBATCH_PIPELINES_DIR": str(specs),
-           "AIRFLOW_CONN_SPARK_CONNECT_DEFAULT": json.dumps(connection)}
+    env = connect_env(service_env, specs, connect_server)
     lines = generate_lines(3_000, ips=25, span_seconds=40, out_of_order=0.1, malformed=0.05, seed=43)
     coords = produce_lines(kafka.bootstrap_servers, topic, lines)
 
@@ -123,10 +126,7 @@ def test_unreachable_server_fails_stage_with_one_sentence(connect_server, servic
     specs = connect_spec(tmp_path / "pipelines", topic, kafka.bootstrap_servers, max_records=1000)
     port = closed_port()
     # MICROBATCH_SPARK_REMOTE wins over the connection, which points at the live server.
-    connection = {"conn_type": "spark_connect", "host": "127.0.0.1", "port": connect_server.port}
-    env = {**service_env, "MICROBATCH_PIPELINES_DIR": str(specs),
-           "AIRFLOW_CONN_SPARK_CONNECT_DEFAULT": json.dumps(connection),
-           "MICROBATCH_SPARK_REMOTE": f"sc://127.0.0.1:{port}"}
+    env = {**connect_env(service_env, specs, connect_server), "MICROBATCH_SPARK_REMOTE": f"sc://127.0.0.1:{port}"}
     produce_lines(kafka.bootstrap_servers, topic, generate_lines(200, seed=42))
 
     result = run_pipeline(env, max_runs=1, timeout=300)
