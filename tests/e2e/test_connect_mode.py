@@ -52,6 +52,16 @@ def connect_env(service_env: dict[str, str], specs: Path, server: SparkConnectSe
             "AIRFLOW_CONN_SPARK_CONNECT_DEFAULT": json.dumps(connection)}
 
 
+def run_exactly_once(env: dict[str, str], ledger_url: str, lines: list, coords: list, topic: str) -> str:
+    """`microbatch run ip_count` until caught up; it succeeds, and sink, dead letters, ledger and the published
+    output match the independent recount. Returns the run's log."""
+    result = run_pipeline(env, timeout=600)
+    log = result.stdout + result.stderr
+    assert result.returncode == 0, log[-4000:]
+    assert_exactly_once(ledger_url, env, lines, coords, f"{topic}_out")
+    return log
+
+
 def in_one_session_window(seconds: float) -> None:
     """Wait, if need be, until the next `seconds` fall in one shared-session window (at most `seconds`), so that
     every stage task of the test is expected in the same server-side session."""
@@ -74,10 +84,7 @@ def test_ip_count_through_spark_connect_exactly_once(connect_server, service_env
     assert sum(1 for line in lines if line.malformed) > 100
 
     in_one_session_window(300)
-    result = run_pipeline(env, timeout=600)
-    log = result.stdout + result.stderr
-    assert result.returncode == 0, log[-4000:]
-    assert_exactly_once(ledger_url, env, lines, coords, f"{topic}_out")
+    log = run_exactly_once(env, ledger_url, lines, coords, topic)
     with transaction(ledger_url) as session:
         committed = session.execute(text("SELECT count(*), sum((counts->>'records')::int) FROM batches "
                                          "WHERE state = 'committed'")).one()
@@ -105,10 +112,7 @@ def test_one_run_stages_several_batches_in_one_session_exactly_once(connect_serv
     lines = generate_lines(3_000, ips=25, span_seconds=40, out_of_order=0.1, malformed=0.05, seed=43)
     coords = produce_lines(kafka.bootstrap_servers, topic, lines)
 
-    result = run_pipeline(env, timeout=600)
-    log = result.stdout + result.stderr
-    assert result.returncode == 0, log[-4000:]
-    assert_exactly_once(ledger_url, env, lines, coords, f"{topic}_out")
+    log = run_exactly_once(env, ledger_url, lines, coords, topic)
     with transaction(ledger_url) as session:
         batches = session.execute(text("SELECT id, airflow_run_id, run_head, state_before, state_after FROM batches "
                                        "WHERE state = 'committed' ORDER BY id")).all()
