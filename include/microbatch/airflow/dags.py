@@ -118,7 +118,7 @@ def _backfill_dag_args(spec: PipelineSpec) -> dict[str, Any]:
 
 def _plan_task(spec: PipelineSpec) -> Callable[[], Any]:
     @task(task_id="plan")
-    def plan(**context: Any) -> int | str:
+    def plan(**context: Any) -> str:
         from microbatch.phases.plan import plan_next_batch
         from microbatch.phases.reporting import log_plan_summary
 
@@ -129,9 +129,7 @@ def _plan_task(spec: PipelineSpec) -> Callable[[], Any]:
         log_plan_summary(log, spec.name, outcome)
         if outcome.batch_id is None:
             raise AirflowSkipException("nothing new to read")
-        if len(outcome.batch_ids) > 1:  # source.max_batches_per_run: stage and commit take them in this order
-            return ",".join(str(b) for b in outcome.batch_ids)
-        return outcome.batch_id
+        return ",".join(str(b) for b in outcome.batch_ids)  # stage and commit take them in this order
 
     return plan
 

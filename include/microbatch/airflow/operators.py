@@ -33,7 +33,7 @@ from microbatch.sinks.registry import spark_session_conf
 log = logging.getLogger("microbatch")
 CLIENT_MODULES = ("microbatch.phases.stage", "pyspark.sql.connect.session")
 """What a Connect stage task imports; preloaded when the scheduler runs `microbatch.airflow.preload`."""
-PLAN_BATCH_IDS = "{{ ti.xcom_pull(task_ids='plan') }}"  # one id, or several joined by commas (a backfill)
+PLAN_BATCH_IDS = "{{ ti.xcom_pull(task_ids='plan') }}"  # one id, or several joined by commas
 # Passed on to spark-submit when set here: failpoints of the chaos tests, and where java and the venv are.
 PASSED_ON = ("MICROBATCH_FAILPOINTS", "MICROBATCH_FAILPOINT_DIR", "PATH", "JAVA_HOME")
 P = ParamSpec("P")

@@ -439,9 +439,7 @@ def abandon_followers(session: Session, pipeline_id: int, batch_id: int, reason:
     abandoned = session.get(Batch, batch_id)
     if abandoned is None or abandoned.kind != BatchKind.SCHEDULED.value:
         return []
-    later = session.scalars(select(Batch.id).where(
-        Batch.pipeline_id == pipeline_id, Batch.kind == BatchKind.SCHEDULED.value, Batch.id > batch_id,
-        Batch.state.in_(OPEN_STATES)).order_by(Batch.id)).all()
+    later = [b.id for b in find_open_batches(session, pipeline_id) if b.id > batch_id]
     return [b for b in later if abandon_open_batch(session, pipeline_id, b, f"{reason}; it followed batch {batch_id}")]
 
 

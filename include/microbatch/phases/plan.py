@@ -157,10 +157,10 @@ def _abandon_from(
 ) -> None:
     if on_data_loss is OnDataLoss.FAIL:
         raise error
-    # Retention ran between plan and stage: close this batch and the ones after it.
-    for batch in repo.find_open_batches(session, pipeline_id):
-        if batch.id >= batch_id and repo.abandon_batch(session, batch.id, error.message):
-            log.warning("abandoned batch %s: %s", batch.id, error.message)
+    # Retention ran between plan and stage: close this batch and the ones its run planned after it.
+    closed = [batch_id] if repo.abandon_batch(session, batch_id, error.message) else []
+    for closed_id in closed + repo.abandon_followers(session, pipeline_id, batch_id, error.message):
+        log.warning("abandoned batch %s: %s", closed_id, error.message)
 
 
 def check_pipeline(spec: PipelineSpec, ledger_url: str) -> None:
