@@ -55,7 +55,7 @@ def plan_batch_sql(url: str, spec, records: int, partitions: int) -> int:
     with transaction(url) as session:
         pipeline = repo.ensure_pipeline(session, spec, lock=True)
         positions = repo.read_positions(session, pipeline.id)
-        assert repo.find_open_batch(session, pipeline.id) is None
+        assert not repo.find_open_batches(session, pipeline.id)
         ranges = []
         for p in range(partitions):
             start = positions.get(TopicPartition(TOPIC, p), 0)

@@ -77,13 +77,20 @@ def local_stack(prefix: str = "mb-bench-"):
         shutil.rmtree(work, ignore_errors=True)
 
 
+BY_BATCH_TABLE = "ip_counts_by_batch"
+
+
 def write_spec(directory: Path, topics: list[str], max_records: int, shuffle_partitions: int = 4,
-               batches_per_run: int = 1) -> Path:
-    """ip_count.yaml reading `topics`, without its Kafka sink (no publish phase is measured)."""
+               batches_per_run: int = 1, contributions: str = "per_partition") -> Path:
+    """ip_count.yaml reading `topics`, without its Kafka sink (no publish phase is measured). With contributions
+    `per_batch`, the sink is the table BY_BATCH_TABLE (the ledger's own `ip_counts` keeps them per partition),
+    which `microbatch migrate` creates."""
     spec = yaml.safe_load((ROOT / "include/pipelines/ip_count.yaml").read_text())
     spec["source"].update(topics=topics, max_records_per_batch=max_records, commit_group_offsets=False,
                           max_batches_per_run=batches_per_run)
     spec["sinks"] = [s for s in spec["sinks"] if s["type"] != "kafka"]
+    if contributions != "per_partition":
+        spec["sinks"][0].update(table=BY_BATCH_TABLE, contributions=contributions)
     spec["spark"]["mode"] = "submit"  # each run picks its stage: spark-submit, or bench/connect_stage.py
     spec["spark"]["conf"] = {**spec["spark"]["conf"], "spark.ui.enabled": "false",
                              "spark.sql.shuffle.partitions": str(shuffle_partitions)}

@@ -23,6 +23,8 @@ full read first:
   c_run, c'_run, c'w_run. c, c' and c'w in batches of N/--split, all planned by one run (`source.max_batches_per_run`),
       staged in one stage process (one spark-submit, or one Connect client) and committed in order, one
       transaction each;
+  c_pb, c'_pb, c_run_pb, c'w_run_pb. c, c', c_run and c'w_run with the sink's `contributions: per_batch` (one
+      staged row and contribution per key and batch, not per key and source partition);
   c'w. c' in batches, each of plan, stage and commit in a process forked from a forkserver that imported
       `microbatch.airflow.preload`, as the local stack's Airflow starts its tasks, instead of a new Python process;
   every Connect run of b', b2' and d' likewise reattaches to one server-side session of its own kind, so that
@@ -52,6 +54,7 @@ from sqlalchemy import text
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import (
     APPS,
+    BY_BATCH_TABLE,
     PYTHON,
     ROOT,
     Stack,
@@ -153,15 +156,21 @@ def raw_connect(stack: Stack, ranges_file: Path, records: int, remote: str) -> d
 
 def microbatch_run(stack: Stack, name: str, records: int, per_batch: int, driver_memory: str,
                    remote: str | None = None, fresh_session: bool = False, warm_tasks: bool = False,
-                   batches_per_run: int = 1) -> dict:
+                   batches_per_run: int = 1, contributions: str = "per_partition") -> dict:
     """plan -> stage -> commit until caught up, on a fresh ledger; every phase timed and RSS-sampled.
     With `remote`, the stage is a Spark Connect client of that server instead of a spark-submit (with
     `fresh_session`, in a new server-side session per batch; with `warm_tasks`, each phase in a process forked
     from a forkserver that preloaded `microbatch.airflow.preload`, as the local stack's Airflow runs its tasks,
     instead of a new Python process; those are not RSS-sampled). With `batches_per_run` > 1, each run plans up to
-    that many batches (`source.max_batches_per_run`), stages them in one stage process and commits them in order."""
+    that many batches (`source.max_batches_per_run`), stages them in one stage process and commits them in order.
+    With `contributions` per_batch, the sink keeps one contribution per key and batch (BY_BATCH_TABLE)."""
+    from microbatch.ledger.database import migrate_sinks
+
     url = stack.fresh_ledger(name)
-    spec_dir = write_spec(stack.work_dir / "specs" / name, [TOPIC], per_batch, batches_per_run=batches_per_run)
+    spec_dir = write_spec(stack.work_dir / "specs" / name, [TOPIC], per_batch, batches_per_run=batches_per_run,
+                          contributions=contributions)
+    migrate_sinks(url, spec_dir)
+    table = BY_BATCH_TABLE if contributions == "per_batch" else "ip_counts"
     env = {"MICROBATCH_LEDGER_URL": url, "MICROBATCH_KAFKA_BOOTSTRAP": stack.bootstrap,
            "MICROBATCH_PIPELINES_DIR": str(spec_dir)}
     from microbatch.config import find_spec
@@ -221,8 +230,8 @@ def microbatch_run(stack: Stack, name: str, records: int, per_batch: int, driver
 
     with transaction(url) as session:
         timings = session.execute(text("SELECT timings FROM batches ORDER BY id")).scalars().all()
-        counted = session.execute(text("SELECT coalesce(sum(count), 0) FROM ip_counts")).scalar_one()
-        rows = session.execute(text("SELECT count(*) FROM ip_counts")).scalar_one()
+        counted = session.execute(text(f"SELECT coalesce(sum(count), 0) FROM {table}")).scalar_one()
+        rows = session.execute(text(f"SELECT count(*) FROM {table}")).scalar_one()
     if counted != records:
         raise RuntimeError(f"{name}: the sink counts {counted} records, expected {records}")
     totals["read_s"] = sum(t.get("read_s", 0) for t in timings)
@@ -334,6 +343,17 @@ def rep_plan(stack: Stack, args: argparse.Namespace, rep: int, split: bool, rang
         ("c_connect_split_warm_run", split and bool(remote),
          lambda: microbatch_run(stack, f"cwr10_{rep}", n, per, args.driver_memory, remote, warm_tasks=True,
                                 batches_per_run=args.split)),
+        ("c_microbatch_1_batch_pb", True,
+         lambda: microbatch_run(stack, f"c1pb_{rep}", n, n, args.driver_memory, contributions="per_batch")),
+        ("c_connect_1_batch_pb", bool(remote),
+         lambda: microbatch_run(stack, f"cc1pb_{rep}", n, n, args.driver_memory, remote,
+                                contributions="per_batch")),
+        ("c_microbatch_split_run_pb", split,
+         lambda: microbatch_run(stack, f"cr10pb_{rep}", n, per, args.driver_memory, batches_per_run=args.split,
+                                contributions="per_batch")),
+        ("c_connect_split_warm_run_pb", split and bool(remote),
+         lambda: microbatch_run(stack, f"cwr10pb_{rep}", n, per, args.driver_memory, remote, warm_tasks=True,
+                                batches_per_run=args.split, contributions="per_batch")),
     ]
 
 
@@ -354,6 +374,10 @@ RATIOS = [
     ("c_run/d_split", "c_microbatch_split_run", "d_peer_split"),
     ("c'_run/d'_split", "c_connect_split_run", "d_connect_split"),
     ("c'w_run/d'_split", "c_connect_split_warm_run", "d_connect_split"),
+    ("c_pb/d", "c_microbatch_1_batch_pb", "d_peer_1_batch"),
+    ("c'_pb/d'", "c_connect_1_batch_pb", "d_connect_1_batch"),
+    ("c_run_pb/d_split", "c_microbatch_split_run_pb", "d_peer_split"),
+    ("c'w_run_pb/d'_split", "c_connect_split_warm_run_pb", "d_connect_split"),
     ("c'_split/d'_split", "c_connect_split", "d_connect_split"),
     ("c'_split/d_split", "c_connect_split", "d_peer_split"),
     ("c'_split/c'f_split", "c_connect_split", "c_connect_split_fresh"),
@@ -423,7 +447,8 @@ def main(argv: list[str]) -> int:
     per_batch = []
     for key in ("c_microbatch_1_batch", "c_connect_1_batch", "c_microbatch_split", "c_connect_split",
                 "c_connect_split_fresh", "c_connect_split_warm", "c_microbatch_split_run", "c_connect_split_run",
-                "c_connect_split_warm_run"):
+                "c_connect_split_warm_run", "c_microbatch_1_batch_pb", "c_connect_1_batch_pb",
+                "c_microbatch_split_run_pb", "c_connect_split_warm_run_pb"):
         if key in runs:
             b = median([r["batches"] for r in runs[key]])
             job = median([r["stage_engine_s"] for r in runs[key]]) / b

@@ -354,6 +354,13 @@ class PostgresAggregateSink(_Strict):
     sum_columns: list[str] = Field(min_length=1)
     window: WindowSpec | None = None
     """Set for event-time windowed aggregates: finality (and publishing) follows the watermark."""
+    contributions: Literal["per_partition", "per_batch"] = "per_partition"
+    """What each commit keeps so that a replay can take its part of the sums back. `per_partition`: the job's
+    partial sums per source partition, so a replay can recompute any committed range. `per_batch`: one sum per
+    key and batch, as many times fewer rows as the batch has partitions, so the staging write and the commit are
+    smaller; a replay then recomputes every partition of each batch it touches, and the job may leave out
+    `topic` and `partition` (the stage sums them away). Chosen when the tables are created: `microbatch
+    migrate` refuses to change it on an existing sink."""
 
     @field_validator("name", "table")
     @classmethod
@@ -388,8 +395,14 @@ class PostgresAggregateSink(_Strict):
 
     @property
     def contributions_table(self) -> str:
-        """Every committed (batch, topic, partition) partial aggregate, kept so a replay can retract it."""
+        """Every committed partial aggregate per (batch, topic, partition), or per batch, kept so a replay can
+        retract it."""
         return f"{self.table}_contributions"
+
+    @property
+    def per_partition(self) -> bool:
+        """Staged rows and contributions carry the source `topic` and `partition`."""
+        return self.contributions == "per_partition"
 
     @property
     def key_and_sum_columns(self) -> list[str]:

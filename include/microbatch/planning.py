@@ -409,6 +409,9 @@ class ReplayPlan:
     never_committed: list[OffsetRange] = field(default_factory=list)
     widened: list[tuple[OffsetRange, OffsetRange]] = field(default_factory=list)
     """(requested, replayed) for each partition whose request was widened to whole committed ranges."""
+    whole_batches: list[CommittedRange] = field(default_factory=list)
+    """The ranges of other partitions added so that each batch is replayed whole (a sink with contributions
+    per batch)."""
 
     @property
     def records(self) -> int:
@@ -422,9 +425,12 @@ class ReplayPlan:
         return groups
 
 
-def plan_replay(requests: list[OffsetRange], committed: list[CommittedRange]) -> ReplayPlan:
+def plan_replay(requests: list[OffsetRange], committed: list[CommittedRange], *,
+                whole_batches: bool = False) -> ReplayPlan:
     """Every committed range that overlaps a request is replayed whole; parts of a request that no
-    committed range covers are reported (a replay of them is refused: use `fill`)."""
+    committed range covers are reported (a replay of them is refused: use `fill`). With `whole_batches` (a sink
+    keeps one contribution per batch), so is every other committed range of the batches those ranges belong
+    to."""
     plan = ReplayPlan()
     for request in requests:
         hits = sorted((c for c in committed if c.range.tp == request.tp and c.range.end > request.start
@@ -435,6 +441,12 @@ def plan_replay(requests: list[OffsetRange], committed: list[CommittedRange]) ->
             low, high = hits[0].range.start, max(c.range.end for c in hits)
             if low < request.start or high > request.end:
                 plan.widened.append((request, OffsetRange(request.topic, request.partition, low, high)))
+    if whole_batches:
+        touched = {c.batch_id for c in plan.replace}
+        chosen = {c.range_id for c in plan.replace}
+        plan.whole_batches = sorted((c for c in committed if c.batch_id in touched and c.range_id not in chosen),
+                                    key=lambda c: (c.batch_id, c.range))
+        plan.replace.extend(plan.whole_batches)
     return plan
 
 

@@ -56,9 +56,9 @@ def run_pipeline(env: dict[str, str], *, max_runs: int = 10, extra_env: dict[str
     )
 
 
-def sink_counts(url: str) -> Counter:
+def sink_counts(url: str, table: str = "ip_counts") -> Counter:
     with transaction(url) as session:
-        rows = session.execute(text("SELECT window_start, ip, count FROM ip_counts")).all()
+        rows = session.execute(text(f"SELECT window_start, ip, count FROM {table}")).all()
     return Counter({(start, ip): count for start, ip, count in rows})
 
 
@@ -186,12 +186,12 @@ def read_output(bootstrap: str, topic: str) -> list[tuple[int, dict]]:
 
 
 def assert_exactly_once(url: str, env: dict[str, str], lines: list[LogLine], coords: list[tuple[int, int]],
-                        output_topic: str | None = None) -> Expected:
+                        output_topic: str | None = None, table: str = "ip_counts") -> Expected:
     """The sink equals an independent recount, dead letters equal the malformed lines, late records equal
     the records beyond the lateness, the ledger is whole, and (with `output_topic`) every final window
     is published exactly once with its exact count."""
     expected = recount(lines, coords, committed_batches(url))
-    actual = sink_counts(url)
+    actual = sink_counts(url, table)
     assert sum(actual.values()) + len(expected.late) == sum(1 for line in lines if not line.malformed)
     assert actual == expected.counts
     assert late_coordinates(url) == expected.late

@@ -78,6 +78,20 @@ def test_replay_is_widened_to_whole_committed_ranges_one_batch_per_original():
     assert exact.widened == [] and [c.range_id for c in exact.replace] == [3]
 
 
+def test_with_contributions_per_batch_a_replay_takes_every_partition_of_each_batch_it_touches():
+    committed = [CommittedRange(1, 10, r(0, 0, 100)), CommittedRange(2, 10, r(1, 0, 90)),
+                 CommittedRange(3, 11, r(0, 100, 250)), CommittedRange(5, 11, r(1, 90, 95)),
+                 CommittedRange(4, 12, r(0, 250, 300)), CommittedRange(6, 12, r(2, 0, 7))]
+    plan = plan_replay([r(0, 50, 120)], committed, whole_batches=True)
+    assert [c.range_id for c in plan.whole_batches] == [2, 5]  # batch 12 is not touched
+    assert sorted(c.range_id for c in plan.replace) == [1, 2, 3, 5]
+    assert plan.records == 250 + 90 + 5
+    assert {b: [c.range for c in cs] for b, cs in plan.by_batch().items()} == {
+        10: [r(0, 0, 100), r(1, 0, 90)], 11: [r(0, 100, 250), r(1, 90, 95)]}
+    whole = plan_replay([r(0, 0, 100), r(1, 0, 90)], committed, whole_batches=True)
+    assert whole.whole_batches == [] and sorted(c.range_id for c in whole.replace) == [1, 2]
+
+
 def test_replay_reports_offsets_never_committed():
     plan = plan_replay([r(0, 250, 400), r(2, 0, 5)], [CommittedRange(4, 12, r(0, 250, 300))])
     assert plan.never_committed == [r(0, 300, 400), r(2, 0, 5)]

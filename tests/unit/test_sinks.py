@@ -5,11 +5,13 @@ statements run on real Postgres in tests/integration and tests/e2e)."""
 from typing import get_args
 
 import pytest
+from pydantic import ValidationError
+from sqlalchemy import MetaData
 
 from microbatch.config import PIPELINES_DIR, SinkSpec, load_spec
 from microbatch.sinks.base import CommitContext
 from microbatch.sinks.kafka import outbox_sql
-from microbatch.sinks.postgres_aggregate import merge_aggregate_sql
+from microbatch.sinks.postgres_aggregate import contributions_sql, merge_aggregate_sql, retract_sql
 from microbatch.sinks.registry import SINK_TYPES, sinks_of
 
 SPEC = load_spec(PIPELINES_DIR / "ip_count.yaml")
@@ -34,6 +36,24 @@ def test_the_stage_writes_the_aggregate_with_its_source_partition_and_nothing_fo
     assert staging is not None and staging.table == "stage_ip_counts"
     assert staging.columns == ("topic", "partition", "window_start", "window_end", "ip", "count")
     assert sinks["ip_count_sink"].staging is None
+
+
+def test_contributions_per_batch_stage_and_keep_the_keys_alone_and_retract_whole_batches():
+    spec = SPEC.model_copy(update={"sinks": [SPEC.sinks[0].model_copy(update={"contributions": "per_batch"})]})
+    sink = sinks_of(spec)["ip_counts"]
+    assert sink.staging.columns == ("window_start", "window_end", "ip", "count")
+    tables = {t.name: [c.name for c in t.columns] for t in sink.tables(MetaData())}
+    assert tables["ip_counts_contributions"] == ["batch_id", "window_start", "window_end", "ip", "count"]
+    assert tables["stage_ip_counts"] == ["batch_id", "attempt", "window_start", "window_end", "ip", "count"]
+    assert "JOIN (SELECT DISTINCT batch_id FROM ranges WHERE superseded_by = :batch_id) g" in retract_sql(
+        sink.spec)
+    assert '"topic"' not in contributions_sql(sink.spec)
+    assert '"topic", "partition"' in contributions_sql(SPEC.sinks[0])  # the default keeps them per partition
+
+
+def test_a_per_batch_contributions_setting_is_validated():
+    with pytest.raises(ValidationError, match="contributions"):
+        SPEC.sinks[0].model_validate({**SPEC.sinks[0].model_dump(), "contributions": "per_key"})
 
 
 @pytest.mark.parametrize(

@@ -226,7 +226,8 @@ def _plan_replay(session: Session, spec: PipelineSpec, pipeline: Pipeline, param
                  requests: list[OffsetRange], airflow_run_id: str | None) -> BackfillOutcome:
     for sink in sinks_of(spec).values():
         sink.check_replay()
-    replay = plan_replay(requests, repo.committed_range_rows(session, pipeline.id))
+    whole_batches = any(not sink.per_partition for sink in spec.aggregate_sinks)
+    replay = plan_replay(requests, repo.committed_range_rows(session, pipeline.id), whole_batches=whole_batches)
     if replay.never_committed:
         first = replay.never_committed[0]
         raise SpecError(
@@ -267,10 +268,14 @@ def _affected_rows(
             break
         window = sink.window
         span = (f', min("{window.start}"), max("{window.end}")' if window else ", NULL, NULL")
+        if sink.per_partition:
+            join = ("JOIN jsonb_to_recordset(CAST(:keys AS jsonb)) AS k(b bigint, t text, n int) "
+                    "ON c.batch_id = k.b AND c.topic = k.t AND c.partition = k.n")
+        else:  # the plan replays whole batches
+            join = ("JOIN (SELECT DISTINCT b FROM jsonb_to_recordset(CAST(:keys AS jsonb)) AS k(b bigint)) k "
+                    "ON c.batch_id = k.b")
         rows, low, high = session.execute(
-            text(f'SELECT count(*){span} FROM "{sink.contributions_table}" c '
-                 "JOIN jsonb_to_recordset(CAST(:keys AS jsonb)) AS k(b bigint, t text, n int) "
-                 "ON c.batch_id = k.b AND c.topic = k.t AND c.partition = k.n"),
+            text(f'SELECT count(*){span} FROM "{sink.contributions_table}" c {join}'),
             {"keys": json.dumps(keys)},
         ).one()
         affected[sink.name] = (rows, low, high)

@@ -114,6 +114,9 @@ def log_backfill_plan(log: logging.Logger, pipeline: str, outcome: BackfillOutco
     if replay is not None:
         for requested, replayed in replay.widened:
             log.info("  widened %s to whole committed batches: %s", requested, replayed)
+        if replay.whole_batches:
+            log.info("  added %s range(s) of other partitions: a sink keeps one contribution per batch "
+                     "(contributions: per_batch), so each batch is replayed whole", len(replay.whole_batches))
         for c in replay.replace:
             log.info("  to replay %s: %s records, replacing the contribution of batch %s", c.range, c.range.size,
                      c.batch_id)

@@ -164,7 +164,7 @@ def _sink_rows(spec: PipelineSpec, sink: Sink, outputs: Mapping[str, DataFrame])
             f"{spec.name}: the job's output for sink '{sink.name}' lacks the column(s) {', '.join(missing)}.",
             fix=sink.staging.fix,
         )
-    return outputs[sink.name]
+    return sink.staged_rows(outputs[sink.name])
 
 
 AQE_EMPTY_RELATION = "org.apache.spark.sql.execution.adaptive.AQEPropagateEmptyRelation"

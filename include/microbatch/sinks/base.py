@@ -188,6 +188,10 @@ class Sink:
         table. `microbatch migrate` creates what is missing; the plan refuses a batch while they differ."""
         return []
 
+    def staged_rows(self, rows: DataFrame) -> DataFrame:
+        """The job's output for this sink as the stage writes it (by default as the job returned it)."""
+        return rows
+
     def write_in_stage(self, rows: DataFrame, pipeline: str, pipeline_uid: str, batch_id: int, attempt: int,
                        ranges: Sequence[OffsetRange]) -> TableWrite:
         """`writes_in_stage` sinks only: write the batch's `rows` into the table as one idempotent commit that

@@ -3,18 +3,23 @@
 The stage writes the job's partial aggregates per source partition to `stage_<table>`. The commit merges
 them with one `INSERT ... SELECT ... ON CONFLICT DO UPDATE` that adds the sums, and keeps them per
 (batch, topic, partition) in `<table>_contributions`. A replay subtracts the contributions of the ranges
-it supersedes before adding its own, then removes the rows that only those contributions held. A windowed
+it supersedes before adding its own, then removes the rows that only those contributions held. With
+`contributions: per_batch` the staged rows and the contributions are per key and batch instead, without the
+source columns, and a replay recomputes whole batches (`planning.plan_replay`). A windowed
 aggregate is published (by a kafka sink) one row per key of each window that became final, and again as a
 correction when a backfill or a replay changes a final window.
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import sqlalchemy as sa
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
 from microbatch.config import PostgresAggregateSink
+from microbatch.errors import SpecError
 from microbatch.sinks.base import (
     CommitContext,
     PublishedRows,
@@ -25,6 +30,16 @@ from microbatch.sinks.base import (
     staging_columns,
     watermark_timestamp,
 )
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
+SOURCE_COLUMNS = ("topic", "partition")
+
+
+def source_columns(sink: PostgresAggregateSink) -> tuple[str, ...]:
+    """The source columns that the staged rows and the contributions carry: none when they are per batch."""
+    return SOURCE_COLUMNS if sink.per_partition else ()
 
 
 def merge_aggregate_sql(sink: PostgresAggregateSink) -> str:
@@ -43,10 +58,10 @@ def merge_aggregate_sql(sink: PostgresAggregateSink) -> str:
 
 
 def contributions_sql(sink: PostgresAggregateSink) -> str:
-    """Keep this batch's staged partial aggregates per source partition (what a replay retracts), copied as
-    staged: every reader of the contributions sums them per key, so they need no grouping (whose sort was half
-    of this statement at 80,000 rows: bench/commit_cost.py --explain)."""
-    columns = ", ".join(quote(c) for c in ("topic", "partition", *sink.key_and_sum_columns))
+    """Keep this batch's staged partial aggregates, per source partition or per key (what a replay retracts),
+    copied as staged: every reader of the contributions sums them per key, so they need no grouping (whose sort
+    was half of this statement at 80,000 rows: bench/commit_cost.py --explain)."""
+    columns = ", ".join(quote(c) for c in (*source_columns(sink), *sink.key_and_sum_columns))
     return (
         f"INSERT INTO {quote(sink.contributions_table)} (batch_id, {columns}) "
         f"SELECT :batch_id, {columns} FROM {quote(sink.staging_table)} "
@@ -55,9 +70,16 @@ def contributions_sql(sink: PostgresAggregateSink) -> str:
 
 
 def _replaced_sums(sink: PostgresAggregateSink) -> str:
-    """The summed contributions of the ranges that the replay batch :batch_id superseded."""
+    """The summed contributions of the ranges that the replay batch :batch_id superseded (per batch: of the
+    batches whose ranges it superseded, all of them, as the replay's plan makes sure)."""
     keys = ", ".join(f"c.{quote(k)}" for k in sink.keys)
     sums = ", ".join(f"sum(c.{quote(c)}) AS {quote(c)}" for c in sink.sum_columns)
+    if not sink.per_partition:
+        return (
+            f"SELECT {keys}, {sums} FROM {quote(sink.contributions_table)} c "
+            "JOIN (SELECT DISTINCT batch_id FROM ranges WHERE superseded_by = :batch_id) g "
+            f"ON g.batch_id = c.batch_id GROUP BY {keys}"
+        )
     return (
         f"SELECT {keys}, {sums} FROM {quote(sink.contributions_table)} c JOIN ranges g "
         "ON g.batch_id = c.batch_id AND g.topic = c.topic AND g.partition = c.partition "
@@ -130,13 +152,14 @@ class PostgresAggregate(Sink):
         super().__init__(spec)
         self.staging = Staging(
             table=spec.staging_table,
-            columns=("topic", "partition", *spec.key_and_sum_columns),
-            fix="Return the sink's columns plus the source topic and partition (group by them as well).",
+            columns=(*source_columns(spec), *spec.key_and_sum_columns),
+            fix="Return the sink's columns plus the source topic and partition (group by them as well)."
+            if spec.per_partition else "Return the sink's key and sum columns.",
         )
 
     def tables(self, metadata: sa.MetaData) -> list[sa.Table]:
         """With `columns`: the sink table (its keys the primary key, an index on a window's end for finality),
-        `stage_<table>` (per source partition) and `<table>_contributions`. Every key and sum column is NOT
+        `stage_<table>` and `<table>_contributions` (per source partition or per batch). Every key and sum column is NOT
         NULL. Without `columns`: none, the tables must exist."""
         spec = self.spec
         if spec.columns is None:
@@ -147,7 +170,8 @@ class PostgresAggregate(Sink):
             return [sa.Column(name, sql_type(columns[name]), nullable=False) for name in names]
 
         def source() -> list[sa.Column]:
-            return [sa.Column("topic", sa.Text, nullable=False), sa.Column("partition", sa.Integer, nullable=False)]
+            types = {"topic": sa.Text, "partition": sa.Integer}
+            return [sa.Column(name, types[name], nullable=False) for name in source_columns(spec)]
 
         table = sa.Table(spec.table, metadata, *typed(*spec.key_and_sum_columns),
                          sa.PrimaryKeyConstraint(*spec.keys, name=f"pk_{spec.table}"))
@@ -170,8 +194,36 @@ class PostgresAggregate(Sink):
         sa.Index(f"ix_{spec.contributions_table}", contributions.c.batch_id)  # as long as the old key's name
         return [table, staging, contributions]
 
+    def staged_rows(self, rows: DataFrame) -> DataFrame:
+        """Per batch: the job's rows summed per key when they still carry the source columns (one more small
+        shuffle; a job that groups by the keys alone saves it)."""
+        present = [c for c in SOURCE_COLUMNS if c in rows.columns]
+        if self.spec.per_partition or not present:
+            return rows
+        from pyspark.sql import functions as F
+
+        types = {f.name: f.dataType for f in rows.schema.fields}
+        return rows.groupBy(*self.spec.keys).agg(
+            *[F.sum(c).cast(types[c]).alias(c) for c in self.spec.sum_columns])
+
     def retract(self, session: Session, ctx: CommitContext) -> int:
+        if not self.spec.per_partition:
+            self._check_whole_batches(session, ctx)
         return session.execute(text(retract_sql(self.spec)), {"batch_id": ctx.batch_id}).rowcount
+
+    def _check_whole_batches(self, session: Session, ctx: CommitContext) -> None:
+        """Per batch, a replay must supersede every range of each batch it touches, or the retraction would take
+        back more than it recomputes (a replay planned before the sink's `contributions` became `per_batch`)."""
+        partial = session.execute(text(
+            "SELECT o.batch_id FROM ranges o WHERE o.batch_id IN "
+            "(SELECT batch_id FROM ranges WHERE superseded_by = :batch_id) "
+            "AND o.superseded_by IS DISTINCT FROM :batch_id LIMIT 1"), {"batch_id": ctx.batch_id}).scalar()
+        if partial is not None:
+            raise SpecError(
+                f"Replay batch {ctx.batch_id} recomputes only part of batch {partial}, but sink '{self.name}' keeps "
+                "one contribution per batch (contributions: per_batch); nothing was written.",
+                fix=f"Abandon batch {ctx.batch_id} (`microbatch abandon`) and plan the replay again: it then "
+                "covers whole batches.")
 
     def merge(self, session: Session, ctx: CommitContext) -> int:
         merged = session.execute(text(merge_aggregate_sql(self.spec)), ctx.staged).rowcount
