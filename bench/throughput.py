@@ -306,7 +306,8 @@ def warm(remote: str | None, kind: str) -> str | None:
 
 def rep_plan(stack: Stack, args: argparse.Namespace, rep: int, split: bool, ranges_file: Path,
              remote: str | None) -> list[tuple[str, bool, Callable[[], dict]]]:
-    """One repetition's runs, in order: (run, whether it runs in this rep, the measurement)."""
+    """One repetition's runs, in order: (run, whether it runs in this rep, the measurement). Runs compared in a
+    ratio sit next to each other, so that a machine whose speed drifts during a rep skews them alike."""
     n = args.records
     per = -(-n // args.split)
     peer_remote, bare_remote, raw_remote = (warm(remote, kind) for kind in ("peer", "bare", "raw"))
@@ -317,16 +318,26 @@ def rep_plan(stack: Stack, args: argparse.Namespace, rep: int, split: bool, rang
         ("b2o_bare_job_observed", True,
          lambda: bare_job(stack, f"b2o_{rep}", ranges_file, args.driver_memory, observed=True)),
         ("c_microbatch_1_batch", True, lambda: microbatch_run(stack, f"c1_{rep}", n, n, args.driver_memory)),
+        ("c_microbatch_1_batch_pb", True,
+         lambda: microbatch_run(stack, f"c1pb_{rep}", n, n, args.driver_memory, contributions="per_batch")),
         ("d_peer_1_batch", True, lambda: peer_run(stack, f"d1_{rep}", n, 0, args.driver_memory)),
         ("b_connect_raw_count", bool(remote), lambda: raw_connect(stack, ranges_file, n, raw_remote)),
         ("b2_connect_bare_job", bool(remote),
          lambda: bare_job(stack, f"b2c_{rep}", ranges_file, args.driver_memory, bare_remote)),
         ("c_connect_1_batch", bool(remote),
          lambda: microbatch_run(stack, f"cc1_{rep}", n, n, args.driver_memory, remote)),
+        ("c_connect_1_batch_pb", bool(remote),
+         lambda: microbatch_run(stack, f"cc1pb_{rep}", n, n, args.driver_memory, remote,
+                                contributions="per_batch")),
         ("d_connect_1_batch", bool(remote), lambda: peer_run(stack, f"dc1_{rep}", n, 0, args.driver_memory,
                                                              peer_remote)),
         ("c_microbatch_split", split, lambda: microbatch_run(stack, f"c10_{rep}", n, per, args.driver_memory)),
         ("d_peer_split", split, lambda: peer_run(stack, f"d10_{rep}", n, per, args.driver_memory)),
+        ("c_microbatch_split_run", split,
+         lambda: microbatch_run(stack, f"cr10_{rep}", n, per, args.driver_memory, batches_per_run=args.split)),
+        ("c_microbatch_split_run_pb", split,
+         lambda: microbatch_run(stack, f"cr10pb_{rep}", n, per, args.driver_memory, batches_per_run=args.split,
+                                contributions="per_batch")),
         ("c_connect_split", split and bool(remote),
          lambda: microbatch_run(stack, f"cc10_{rep}", n, per, args.driver_memory, remote)),
         ("d_connect_split", split and bool(remote),
@@ -335,22 +346,12 @@ def rep_plan(stack: Stack, args: argparse.Namespace, rep: int, split: bool, rang
          lambda: microbatch_run(stack, f"cf10_{rep}", n, per, args.driver_memory, remote, fresh_session=True)),
         ("c_connect_split_warm", split and bool(remote),
          lambda: microbatch_run(stack, f"cw10_{rep}", n, per, args.driver_memory, remote, warm_tasks=True)),
-        ("c_microbatch_split_run", split,
-         lambda: microbatch_run(stack, f"cr10_{rep}", n, per, args.driver_memory, batches_per_run=args.split)),
         ("c_connect_split_run", split and bool(remote),
          lambda: microbatch_run(stack, f"ccr10_{rep}", n, per, args.driver_memory, remote,
                                 batches_per_run=args.split)),
         ("c_connect_split_warm_run", split and bool(remote),
          lambda: microbatch_run(stack, f"cwr10_{rep}", n, per, args.driver_memory, remote, warm_tasks=True,
                                 batches_per_run=args.split)),
-        ("c_microbatch_1_batch_pb", True,
-         lambda: microbatch_run(stack, f"c1pb_{rep}", n, n, args.driver_memory, contributions="per_batch")),
-        ("c_connect_1_batch_pb", bool(remote),
-         lambda: microbatch_run(stack, f"cc1pb_{rep}", n, n, args.driver_memory, remote,
-                                contributions="per_batch")),
-        ("c_microbatch_split_run_pb", split,
-         lambda: microbatch_run(stack, f"cr10pb_{rep}", n, per, args.driver_memory, batches_per_run=args.split,
-                                contributions="per_batch")),
         ("c_connect_split_warm_run_pb", split and bool(remote),
          lambda: microbatch_run(stack, f"cwr10pb_{rep}", n, per, args.driver_memory, remote, warm_tasks=True,
                                 batches_per_run=args.split, contributions="per_batch")),
@@ -439,6 +440,9 @@ def main(argv: list[str]) -> int:
         if mine in summary and other in summary:
             ratios[label] = {"wall": round(summary[mine]["wall_rate"] / summary[other]["wall_rate"], 3),
                              "engine": round(summary[mine]["engine_rate"] / summary[other]["engine_rate"], 3)}
+            if len(runs[mine]) == len(runs[other]):  # the same reps: the median of each rep's own ratio
+                ratios[label]["wall_paired"] = round(median(
+                    [o["wall_s"] / m["wall_s"] for m, o in zip(runs[mine], runs[other], strict=True)]), 3)
     results["ratios"] = ratios
     c_runs = runs.get("c_microbatch_1_batch", [])
     phase_keys = ("plan_s", "stage_wall_s", "stage_engine_s", "read_s", "stage_write_s", "commit_s")
@@ -472,8 +476,8 @@ def main(argv: list[str]) -> int:
     rows = [[key, s["reps"], s["wall_s"], s["wall_rate"], s["engine_rate"]] for key, s in summary.items()]
     print_table(f"Throughput, {n:,} records over {args.partitions} partitions (medians)",
                 ["run", "reps", "wall s", "wall rec/s", "engine rec/s"], rows)
-    print_table("Ratios (records/s of c over the other)", ["ratio", "wall", "engine"],
-                [[k, v["wall"], v["engine"]] for k, v in ratios.items()])
+    print_table("Ratios (records/s of c over the other)", ["ratio", "wall", "engine", "wall, median of each rep's"],
+                [[k, v["wall"], v["engine"], v.get("wall_paired", "-")] for k, v in ratios.items()])
     print_table("microbatch, one batch: phases (medians, s)", ["phase", "spark-submit", "Spark Connect"],
                 [[k, v, results.get("phases_c_connect_median", {}).get(k, "-")]
                  for k, v in results["phases_c_1_batch_median"].items()])

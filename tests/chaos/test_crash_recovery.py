@@ -11,12 +11,13 @@ from __future__ import annotations
 import itertools
 
 import pytest
+import yaml
 from sqlalchemy import text
 
 from microbatch.dev.datagen import generate_lines, produce_lines
 from microbatch.failpoints import EXIT_CODE, FAILPOINT_DIR_ENV, FAILPOINTS_ENV
 from microbatch.ledger.database import transaction
-from tests.e2e.helpers import assert_exactly_once, run_pipeline, write_test_spec
+from tests.e2e.helpers import assert_exactly_once, cli, run_pipeline, write_test_spec
 
 pytestmark = pytest.mark.chaos
 
@@ -31,11 +32,31 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("case", list(CASES))
-def test_crash_then_recover_exactly_once(case, service_env, topic, kafka, ledger_url, tmp_path):
+# Every case with the default contributions per source partition, and the stage's and the commit's deaths again
+# with `contributions: per_batch` (the stage then sums the job's rows per key; the commit keeps one per batch).
+RUNS = [*((case, "per_partition") for case in CASES), ("after_staging", "per_batch"),
+        ("inside_commit_sigkill", "per_batch")]
+PER_BATCH_TABLE = "ip_counts_by_batch"
+
+
+def per_batch_spec(specs, env: dict[str, str]) -> str:
+    """Switch the test spec's aggregate sink to `contributions: per_batch` on a table of its own (the ledger's
+    `ip_counts` keeps them per partition) and create it with `microbatch migrate`; the table's name."""
+    path = specs / "ip_count.yaml"
+    spec = yaml.safe_load(path.read_text())
+    spec["sinks"][0].update(table=PER_BATCH_TABLE, contributions="per_batch")
+    path.write_text(yaml.safe_dump(spec))
+    migrated = cli(env, "migrate")
+    assert migrated.returncode == 0, migrated.stdout + migrated.stderr
+    return PER_BATCH_TABLE
+
+
+@pytest.mark.parametrize(("case", "contributions"), RUNS)
+def test_crash_then_recover_exactly_once(case, contributions, service_env, topic, kafka, ledger_url, tmp_path):
     failpoint, _, kills_runner = CASES[case]
     specs = write_test_spec(tmp_path / "pipelines", topic, max_records=1500, bootstrap=kafka.bootstrap_servers)
     env = {**service_env, "MICROBATCH_PIPELINES_DIR": str(specs)}
+    table = per_batch_spec(specs, env) if contributions == "per_batch" else "ip_counts"
     lines = generate_lines(3_000, ips=25, span_seconds=60, out_of_order=0.1, malformed=0.03, seed=len(case))
     coords = produce_lines(kafka.bootstrap_servers, topic, lines)
 
@@ -63,10 +84,14 @@ def test_crash_then_recover_exactly_once(case, service_env, topic, kafka, ledger
             attempts = session.execute(text("SELECT max(attempt) FROM batches")).scalar_one()
         assert attempts >= 2
 
-    assert_exactly_once(ledger_url, env, lines, coords, f"{topic}_out")
+    assert_exactly_once(ledger_url, env, lines, coords, f"{topic}_out", table=table)
     with transaction(ledger_url) as session:
-        staged_left = session.execute(text("SELECT count(*) FROM stage_ip_counts")).scalar_one()
+        staged_left = session.execute(text(f"SELECT count(*) FROM stage_{table}")).scalar_one()
+        kept = session.execute(text(f"SELECT count(*), count(DISTINCT (batch_id, window_start, ip)) "
+                                    f"FROM {table}_contributions")).one()
     assert staged_left == 0
+    if contributions == "per_batch":
+        assert kept[0] == kept[1], "one contribution per key and batch"
 
 
 CHAIN_CASES = {

@@ -35,7 +35,7 @@ def test_dags_import_with_tags_and_retries(monkeypatch):
         assert task.retries == 3
         assert task.retry_delay.total_seconds() == 10
     commit = dag.get_task("commit")
-    assert [a.uri for a in commit.outlets] == ["microbatch://ip_count/ip_counts"]
+    assert [(a.name, a.uri) for a in commit.outlets] == [("microbatch.ip_count.ip_counts", "microbatch://ip_count/ip_counts")]
     assert [a.uri for a in dag.get_task("publish").outlets] == ["microbatch://ip_count/ip_count_sink"]
     backfill = bag.dags["ip_count__backfill"]
     assert backfill.schedule is None or str(backfill.timetable.summary) in ("None", "")

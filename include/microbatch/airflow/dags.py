@@ -153,9 +153,10 @@ def _backfill_plan_task(spec: PipelineSpec) -> Callable[[], Any]:
 
 
 def sink_assets(spec: PipelineSpec) -> list[Asset]:
-    """The Postgres sinks, updated by `commit`."""
+    """The Postgres sinks' tables, updated by `commit`. Named after the table, as the URI is: a sink moved to
+    another table is another asset (Airflow leaves an asset inactive while one name has two URIs)."""
     return [
-        Asset(name=f"microbatch.{spec.name}.{sink.name}", uri=f"microbatch://{spec.name}/{sink.table}")
+        Asset(name=f"microbatch.{spec.name}.{sink.table}", uri=f"microbatch://{spec.name}/{sink.table}")
         for sink in spec.aggregate_sinks
     ]
 
