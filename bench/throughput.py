@@ -16,6 +16,9 @@ full read first:
   b'. the raw read + count() of the same ranges through a Connect client (the Spark limit on a warm JVM);
   b2o. b2 with the stage's observed metrics (records per partition, dead letters, late records, watermark);
   b2'. the bare job through a Connect client;
+  b2_split, b2'_split. b2 and b2' in batches of N/--split (planned as microbatch plans them), one after the other in
+      one application: d_split/b2_split is how close the peer already is to its own Spark work in batches, so
+      1/(d/b2) bounds what any engine running this job could reach against the peer;
   c'. microbatch plan + stage (a Connect client process, bench/connect_stage.py) + commit, one batch, and
       batches of N/--split; every stage process reattaches to the DAG's shared server-side session, as the
       Airflow stage task does;
@@ -108,11 +111,12 @@ def raw_spark(stack: Stack, name: str, ranges_file: Path, records: int, driver_m
 
 
 def bare_job(stack: Stack, name: str, ranges_file: Path, driver_memory: str, remote: str | None = None,
-             observed: bool = False) -> dict:
+             observed: bool = False, batch_records: int = 0) -> dict:
     """b2 (spark-submit) or b2' (a Connect client of `remote`): read, parse, aggregate, `noop` sink; `observed`
-    (b2o) adds the stage's observed metrics."""
+    (b2o) adds the stage's observed metrics; `batch_records` (b2_split, b2'_split) runs the job once per batch of
+    that many records, planned as microbatch plans them, in one application."""
     env = {"MICROBATCH_KAFKA_BOOTSTRAP": stack.bootstrap}
-    extra = ["observed"] if observed else []
+    extra = (["observed"] if observed else []) + (["--batch-records", str(batch_records)] if batch_records else [])
     if remote:
         result = run_sampled([PYTHON, str(APPS / "bare_job.py"), str(ranges_file), *extra],
                              env={**spark_env(bootstrap=stack.bootstrap), "SPARK_REMOTE": remote})
@@ -332,6 +336,8 @@ def rep_plan(stack: Stack, args: argparse.Namespace, rep: int, split: bool, rang
         ("d_connect_1_batch", bool(remote), lambda: peer_run(stack, f"dc1_{rep}", n, 0, args.driver_memory,
                                                              peer_remote)),
         ("c_microbatch_split", split, lambda: microbatch_run(stack, f"c10_{rep}", n, per, args.driver_memory)),
+        ("b2_bare_job_split", split,
+         lambda: bare_job(stack, f"b2s_{rep}", ranges_file, args.driver_memory, batch_records=per)),
         ("d_peer_split", split, lambda: peer_run(stack, f"d10_{rep}", n, per, args.driver_memory)),
         ("c_microbatch_split_run", split,
          lambda: microbatch_run(stack, f"cr10_{rep}", n, per, args.driver_memory, batches_per_run=args.split)),
@@ -340,6 +346,8 @@ def rep_plan(stack: Stack, args: argparse.Namespace, rep: int, split: bool, rang
                                 contributions="per_batch")),
         ("c_connect_split", split and bool(remote),
          lambda: microbatch_run(stack, f"cc10_{rep}", n, per, args.driver_memory, remote)),
+        ("b2_connect_bare_job_split", split and bool(remote),
+         lambda: bare_job(stack, f"b2cs_{rep}", ranges_file, args.driver_memory, bare_remote, batch_records=per)),
         ("d_connect_split", split and bool(remote),
          lambda: peer_run(stack, f"dc10_{rep}", n, per, args.driver_memory, peer_remote)),
         ("c_connect_split_fresh", split and bool(remote),
@@ -379,6 +387,14 @@ RATIOS = [
     ("c'_pb/d'", "c_connect_1_batch_pb", "d_connect_1_batch"),
     ("c_run_pb/d_split", "c_microbatch_split_run_pb", "d_peer_split"),
     ("c'w_run_pb/d'_split", "c_connect_split_warm_run_pb", "d_connect_split"),
+    # The ceiling: the peer over the bare job (the same Spark work, no ledger, no streaming engine). An engine that
+    # runs this job can be ahead of the peer by at most d's time over b2's, even if exactly-once cost nothing.
+    ("d/b2", "d_peer_1_batch", "b2_bare_job"),
+    ("d'/b2'", "d_connect_1_batch", "b2_connect_bare_job"),
+    ("d_split/b2_split", "d_peer_split", "b2_bare_job_split"),
+    ("d'_split/b2'_split", "d_connect_split", "b2_connect_bare_job_split"),
+    ("c_run_pb/b2_split", "c_microbatch_split_run_pb", "b2_bare_job_split"),
+    ("c'w_run_pb/b2'_split", "c_connect_split_warm_run_pb", "b2_connect_bare_job_split"),
     ("c'_split/d'_split", "c_connect_split", "d_connect_split"),
     ("c'_split/d_split", "c_connect_split", "d_peer_split"),
     ("c'_split/c'f_split", "c_connect_split", "c_connect_split_fresh"),
@@ -494,7 +510,8 @@ def main(argv: list[str]) -> int:
                 by_size)
     spark_rows = []
     for key in ("b_spark_raw_count", "b2_bare_job", "b2o_bare_job_observed", "c_microbatch_1_batch", "d_peer_1_batch",
-                "c_microbatch_split", "c_microbatch_split_run", "d_peer_split"):
+                "c_microbatch_split", "c_microbatch_split_run", "c_microbatch_split_run_pb", "b2_bare_job_split",
+                "d_peer_split"):
         metrics = [r["spark_metrics"] for r in runs.get(key, []) if r.get("spark_metrics")]
         if metrics:
             m = {k: median([x[k] for x in metrics]) for k in metrics[0]}

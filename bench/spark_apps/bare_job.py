@@ -3,14 +3,20 @@ parse, keep the valid records, aggregate per window and IP as the job does, and 
 The difference between this and microbatch's stage + commit is the exactly-once machinery: the ledger, the
 observed counts, the staging write and the commit.
 
-spark-submit bare_job.py RANGES_JSON [observed]   (env MICROBATCH_KAFKA_BOOTSTRAP); prints BENCH:{json}.
+spark-submit bare_job.py RANGES_JSON [observed] [--batch-records N]   (env MICROBATCH_KAFKA_BOOTSTRAP);
+prints BENCH:{json}.
 With `observed`, the parsed records also carry the stage's observed metrics (records per partition, dead letters,
 late records, the watermark): b2o, which tells their cost apart from the ledger's.
+With `--batch-records N`, the ranges are cut into batches of N records as microbatch's planner cuts them
+(`planning.plan_ranges`, the share of each partition as `maxOffsetsPerTrigger`'s), and the job runs once per batch,
+one after the other in the same application (b2_split): the bare job in batches, the most any engine that runs
+this job per batch could reach.
 With SPARK_REMOTE=sc://... it runs as a plain Python Spark Connect client of that server instead.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import sys
@@ -24,29 +30,58 @@ from pyspark.sql import functions as F  # noqa: E402
 from session import bench_session  # noqa: E402
 
 from microbatch.phases.stage import kafka_read_options, read_metrics, with_pooled_consumers  # noqa: E402
+from microbatch.planning import plan_ranges  # noqa: E402
 from microbatch.types import OffsetRange  # noqa: E402
 from spark_jobs.ip_count import transform  # noqa: E402
 
 OPTIONS = {"window_seconds": 5, "allowed_lateness_seconds": 5}
 
 
+def batches(ranges: list[OffsetRange], batch_records: int) -> list[list[OffsetRange]]:
+    """`ranges` cut into consecutive batches of at most `batch_records` records, as microbatch plans them."""
+    if not batch_records:
+        return [ranges]
+    starts = {r.tp: r.start for r in ranges}
+    ends = {r.tp: r.end for r in ranges}
+    cut: list[list[OffsetRange]] = []
+    while True:
+        batch, _ = plan_ranges(starts, ends, batch_records)
+        if not batch:
+            return cut
+        cut.append(batch)
+        starts.update({r.tp: r.end for r in batch})
+
+
 def main(argv: list[str]) -> int:
-    ranges = [OffsetRange(**r) for r in json.loads(Path(argv[0]).read_text())]
+    parser = argparse.ArgumentParser()
+    parser.add_argument("ranges", type=Path)
+    parser.add_argument("observed", nargs="?", choices=["observed"])
+    parser.add_argument("--batch-records", type=int, default=0)
+    args = parser.parse_args(argv)
+    ranges = [OffsetRange(**r) for r in json.loads(args.ranges.read_text())]
     spark, remote = bench_session("bench-bare-job")
     ready = time.time()
-    options = kafka_read_options(ranges, os.environ["MICROBATCH_KAFKA_BOOTSTRAP"], "read_committed")
-    t0 = time.monotonic()
-    records = spark.read.format("kafka").options(**with_pooled_consumers(options)).load()
-    parsed = transform.parse(records, OPTIONS, {})
-    observation = Observation("bare")
-    if argv[1:] == ["observed"]:
-        keys = sorted({(r.topic, r.partition) for r in ranges})
-        parsed = parsed.observe(observation, *[e.alias(k) for k, e in read_metrics(transform, OPTIONS, keys).items()])
-    valid = parsed.where(F.col("error").isNull() & ~F.col("late"))
-    transform.outputs(valid, OPTIONS, {})["ip_counts"].write.format("noop").mode("overwrite").save()
-    seconds = time.monotonic() - t0
-    observed = observation.get if argv[1:] == ["observed"] else {}
-    print("BENCH:" + json.dumps({"job_s": round(seconds, 3), "observed": {k: str(v) for k, v in observed.items()},
+    bootstrap = os.environ["MICROBATCH_KAFKA_BOOTSTRAP"]
+    observed: dict = {}
+    job_seconds: list[float] = []
+    for batch in batches(ranges, args.batch_records):
+        t0 = time.monotonic()
+        options = kafka_read_options(batch, bootstrap, "read_committed")
+        records = spark.read.format("kafka").options(**with_pooled_consumers(options)).load()
+        parsed = transform.parse(records, OPTIONS, {})
+        observation = Observation("bare")
+        if args.observed:
+            keys = sorted({(r.topic, r.partition) for r in batch})
+            parsed = parsed.observe(observation,
+                                    *[e.alias(k) for k, e in read_metrics(transform, OPTIONS, keys).items()])
+        valid = parsed.where(F.col("error").isNull() & ~F.col("late"))
+        transform.outputs(valid, OPTIONS, {})["ip_counts"].write.format("noop").mode("overwrite").save()
+        job_seconds.append(time.monotonic() - t0)
+        if args.observed:
+            observed = observation.get
+    print("BENCH:" + json.dumps({"job_s": round(sum(job_seconds), 3), "batches": len(job_seconds),
+                                 "batch_job_s": [round(s, 3) for s in job_seconds],
+                                 "observed": {k: str(v) for k, v in observed.items()},
                                  "python_start": STARTED, "session_ready": ready}),
           flush=True)
     if not remote:
