@@ -12,6 +12,7 @@ import json
 import os
 import random
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -62,6 +63,8 @@ def local_stack(prefix: str = "mb-bench-"):
     from microbatch.dev.kafka import KafkaBroker
     from microbatch.dev.postgres import DATABASE, LocalPostgres
 
+    # `kill` of a bench unwinds it like Ctrl-C, so that its broker, database and Spark server stop with it.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     work = Path(tempfile.mkdtemp(prefix=prefix))
     os.chmod(work, 0o755)  # the embedded PostgreSQL may run as its own system user
     postgres = LocalPostgres(work / "postgres")
