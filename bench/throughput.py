@@ -516,11 +516,13 @@ def main(argv: list[str]) -> int:
         if metrics:
             m = {k: median([x[k] for x in metrics]) for k in metrics[0]}
             spark_rows.append([key, m["stages"], m["tasks"], m["run_s"], m["cpu_s"], m["gc_s"], m["deserialize_s"],
-                               m["cpu_s"] * 1e6 / n, m["shuffle_write_mb"]])
+                               m["cpu_s"] * 1e6 / n, m.get("read_cpu_s", 0) * 1e6 / n,
+                               m["cpu_s"] - m.get("read_cpu_s", 0), m["shuffle_write_mb"]])
     results["spark_task_metrics"] = spark_rows
     print_table("Spark task metrics from the event logs (what the Spark UI's stage pages show; medians, summed "
                 "over tasks)", ["run", "stages", "tasks", "executor run s", "executor CPU s", "GC s",
-                                "deserialize s", "CPU µs/record", "shuffle write MB"], spark_rows)
+                                "deserialize s", "CPU µs/record", "of it in the tasks that read Kafka",
+                                "CPU s after a shuffle", "shuffle write MB"], spark_rows)
     py_rows = []
     for kind in ("plan", "stage", "commit") if c_runs else ():
         cpu = median([r["python_cpu_s"][kind] for r in c_runs])
