@@ -335,19 +335,19 @@ def rep_plan(stack: Stack, args: argparse.Namespace, rep: int, split: bool, rang
                                 contributions="per_batch")),
         ("d_connect_1_batch", bool(remote), lambda: peer_run(stack, f"dc1_{rep}", n, 0, args.driver_memory,
                                                              peer_remote)),
-        ("c_microbatch_split", split, lambda: microbatch_run(stack, f"c10_{rep}", n, per, args.driver_memory)),
         ("b2_bare_job_split", split,
          lambda: bare_job(stack, f"b2s_{rep}", ranges_file, args.driver_memory, batch_records=per)),
+        ("c_microbatch_split", split, lambda: microbatch_run(stack, f"c10_{rep}", n, per, args.driver_memory)),
         ("d_peer_split", split, lambda: peer_run(stack, f"d10_{rep}", n, per, args.driver_memory)),
         ("c_microbatch_split_run", split,
          lambda: microbatch_run(stack, f"cr10_{rep}", n, per, args.driver_memory, batches_per_run=args.split)),
         ("c_microbatch_split_run_pb", split,
          lambda: microbatch_run(stack, f"cr10pb_{rep}", n, per, args.driver_memory, batches_per_run=args.split,
                                 contributions="per_batch")),
-        ("c_connect_split", split and bool(remote),
-         lambda: microbatch_run(stack, f"cc10_{rep}", n, per, args.driver_memory, remote)),
         ("b2_connect_bare_job_split", split and bool(remote),
          lambda: bare_job(stack, f"b2cs_{rep}", ranges_file, args.driver_memory, bare_remote, batch_records=per)),
+        ("c_connect_split", split and bool(remote),
+         lambda: microbatch_run(stack, f"cc10_{rep}", n, per, args.driver_memory, remote)),
         ("d_connect_split", split and bool(remote),
          lambda: peer_run(stack, f"dc10_{rep}", n, per, args.driver_memory, peer_remote)),
         ("c_connect_split_fresh", split and bool(remote),
@@ -516,8 +516,8 @@ def main(argv: list[str]) -> int:
         if metrics:
             m = {k: median([x[k] for x in metrics]) for k in metrics[0]}
             spark_rows.append([key, m["stages"], m["tasks"], m["run_s"], m["cpu_s"], m["gc_s"], m["deserialize_s"],
-                               m["cpu_s"] * 1e6 / n, m.get("read_cpu_s", 0) * 1e6 / n,
-                               m["cpu_s"] - m.get("read_cpu_s", 0), m["shuffle_write_mb"]])
+                               m["cpu_s"] * 1e6 / n, m["read_cpu_s"] * 1e6 / n,
+                               m["cpu_s"] - m["read_cpu_s"], m["shuffle_write_mb"]])
     results["spark_task_metrics"] = spark_rows
     print_table("Spark task metrics from the event logs (what the Spark UI's stage pages show; medians, summed "
                 "over tasks)", ["run", "stages", "tasks", "executor run s", "executor CPU s", "GC s",
