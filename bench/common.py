@@ -19,6 +19,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -56,6 +57,17 @@ class Stack:
         url = self.postgres.url(name)
         migrate(url)
         return url
+
+
+# The peer's tables (bench/spark_apps/peer_stream.py), in the peer's own database.
+PEER_DDL = [
+    "CREATE TABLE IF NOT EXISTS peer_stage_ip_counts (batch_id bigint NOT NULL, window_start timestamptz NOT NULL, "
+    "window_end timestamptz NOT NULL, ip text NOT NULL, count bigint NOT NULL)",
+    "CREATE INDEX IF NOT EXISTS ix_peer_stage ON peer_stage_ip_counts (batch_id)",
+    "CREATE TABLE IF NOT EXISTS peer_ip_counts (window_start timestamptz NOT NULL, window_end timestamptz NOT NULL, "
+    "ip text NOT NULL, count bigint NOT NULL, PRIMARY KEY (window_start, window_end, ip))",
+    "CREATE TABLE IF NOT EXISTS peer_progress (batch_id bigint PRIMARY KEY, at timestamptz NOT NULL DEFAULT now())",
+]
 
 
 @contextmanager
@@ -370,35 +382,62 @@ def event_logged(directory: Path) -> dict[str, str]:
             "spark.eventLog.compress": "false", "spark.eventLog.rolling.enabled": "false"}
 
 
+TASK_METRICS = ("tasks", "run_s", "cpu_s", "read_cpu_s", "gc_s", "deserialize_s", "input_records", "shuffle_write_mb",
+                "shuffle_records", "stages")
+
+
+def _add_task(totals: dict[str, float], metrics: dict) -> None:
+    """Add one SparkListenerTaskEnd's metrics to `totals`."""
+    shuffle = metrics.get("Shuffle Write Metrics") or {}
+    records = (metrics.get("Input Metrics") or {}).get("Records Read", 0)
+    totals["tasks"] += 1
+    totals["run_s"] += metrics.get("Executor Run Time", 0) / 1e3
+    totals["cpu_s"] += metrics.get("Executor CPU Time", 0) / 1e9
+    if records:
+        totals["read_cpu_s"] += metrics.get("Executor CPU Time", 0) / 1e9
+    totals["gc_s"] += metrics.get("JVM GC Time", 0) / 1e3
+    totals["deserialize_s"] += metrics.get("Executor Deserialize Time", 0) / 1e3
+    totals["input_records"] += records
+    totals["shuffle_write_mb"] += shuffle.get("Shuffle Bytes Written", 0) / 2**20
+    totals["shuffle_records"] += shuffle.get("Shuffle Records Written", 0)
+
+
+def _events(directory: Path, names: tuple[str, ...]) -> Iterator[dict]:
+    """The events named `names` from every event log in `directory`, in order."""
+    for path in sorted(directory.iterdir()):
+        with path.open() as log:
+            for line in log:
+                if any(f'"{name}"' in line for name in names):
+                    yield json.loads(line)
+
+
 def spark_task_metrics(directory: Path) -> dict[str, float]:
     """The Spark UI's task metrics, summed over every task of every application logged in `directory`:
     executor run, CPU, GC and deserialize time (s), records read, shuffle written (MB, records). `read_cpu_s` is the
     CPU of the tasks that read Kafka (the read, the parse, the observed counts and the map side of the aggregation);
     the rest of `cpu_s` went to the tasks after a shuffle (the aggregation's reduce side and the output's write)."""
-    totals = dict.fromkeys(("tasks", "run_s", "cpu_s", "read_cpu_s", "gc_s", "deserialize_s", "input_records",
-                            "shuffle_write_mb", "shuffle_records", "stages"), 0.0)
-    for path in sorted(directory.iterdir()):
-        with path.open() as events:
-            for line in events:
-                if '"SparkListenerTaskEnd"' not in line and '"SparkListenerStageCompleted"' not in line:
-                    continue
-                event = json.loads(line)
-                if event["Event"] == "SparkListenerStageCompleted":
-                    totals["stages"] += 1
-                    continue
-                m = event.get("Task Metrics") or {}
-                shuffle = m.get("Shuffle Write Metrics") or {}
-                totals["tasks"] += 1
-                totals["run_s"] += m.get("Executor Run Time", 0) / 1e3
-                totals["cpu_s"] += m.get("Executor CPU Time", 0) / 1e9
-                if (m.get("Input Metrics") or {}).get("Records Read", 0):
-                    totals["read_cpu_s"] += m.get("Executor CPU Time", 0) / 1e9
-                totals["gc_s"] += m.get("JVM GC Time", 0) / 1e3
-                totals["deserialize_s"] += m.get("Executor Deserialize Time", 0) / 1e3
-                totals["input_records"] += (m.get("Input Metrics") or {}).get("Records Read", 0)
-                totals["shuffle_write_mb"] += shuffle.get("Shuffle Bytes Written", 0) / 2**20
-                totals["shuffle_records"] += shuffle.get("Shuffle Records Written", 0)
-    return {k: round(v, 3) for k, v in totals.items()}
+    return task_metrics_by_group(directory, by_group=False)[""]
+
+
+def task_metrics_by_group(directory: Path, by_group: bool = True) -> dict[str, dict[str, float]]:
+    """`spark_task_metrics` per Spark job group (`setJobGroup`; "" for jobs outside any group): a stage counts for
+    the group of the job that ran it."""
+    group_of_stage: dict[int, str] = {}
+    totals: dict[str, dict[str, float]] = {}
+    for event in _events(directory, ("SparkListenerJobStart", "SparkListenerTaskEnd", "SparkListenerStageCompleted")):
+        kind = event["Event"]
+        if kind == "SparkListenerJobStart":
+            group = (event.get("Properties") or {}).get("spark.jobGroup.id", "") if by_group else ""
+            group_of_stage.update(dict.fromkeys(event.get("Stage IDs", []), group))
+            continue
+        stage = event["Stage Info"]["Stage ID"] if kind == "SparkListenerStageCompleted" else event["Stage ID"]
+        group_totals = totals.setdefault(group_of_stage.get(stage, ""), dict.fromkeys(TASK_METRICS, 0.0))
+        if kind == "SparkListenerStageCompleted":
+            group_totals["stages"] += 1
+        else:
+            _add_task(group_totals, event.get("Task Metrics") or {})
+    return {group: {k: round(v, 3) for k, v in t.items()} for group, t in totals.items()} or {
+        "": dict.fromkeys(TASK_METRICS, 0.0)}
 
 
 def py_spy_summary(path: Path, top: int = 4) -> dict:

@@ -1,4 +1,6 @@
 """A profile of the stage: Kafka read, parse, observe, aggregate and staging write, step by step, one session.
+With --pairs N, goal 2 of issue 22 instead: N rounds of the bare job (b2), the stage (c) and the peer's micro-batch
+(d) alternated in one application, each round's executor CPU per run from the event log (spark_apps/cpu_pairs.py).
 
 Explains the gap between c (microbatch's stage) and b (a raw Spark read + count()) in bench/throughput.py:
 it produces the same kind of topic (N ~105-byte access-log lines over 8 partitions) and runs
@@ -6,6 +8,7 @@ bench/spark_apps/stage_profile.py, which times each step as its own Spark action
 (the last repetition is the steady state, with the JIT warm).
 
     PYTHONPATH=include:. .venv/bin/python bench/stage_profile.py --records 1000000 --reps 3
+    PYTHONPATH=include:. .venv/bin/python bench/stage_profile.py --records 1000000 --pairs 9 --contributions per_batch
 """
 
 from __future__ import annotations
@@ -17,6 +20,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import (
     APPS,
+    PEER_DDL,
+    event_logged,
     filled_topic,
     local_stack,
     machine,
@@ -24,10 +29,13 @@ from common import (
     print_table,
     reproduce_command,
     spark_submit,
+    task_metrics_by_group,
     write_results,
+    write_spec,
 )
 
 TOPIC = "bench_profile"
+PAIR_RUNS = ("b2", "b2o", "b2o1", "c", "d")
 
 
 def main(argv: list[str]) -> int:
@@ -35,7 +43,15 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--records", type=int, default=1_000_000)
     parser.add_argument("--partitions", type=int, default=8)
     parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--pairs", type=int, default=0, help="rounds of b2, c and d alternated (goal 2) instead")
+    parser.add_argument("--contributions", choices=["per_partition", "per_batch"], default="per_batch",
+                        help="the sink's contributions in c's spec (with --pairs)")
+    parser.add_argument("--runs", default="b2,c,d", help="with --pairs: the runs of each round, of b2, b2o, b2o1, c, d")
     args = parser.parse_args(argv)
+    if args.pairs:
+        if not {"b2", "c", "d"} <= set(args.runs.split(",")) or not set(args.runs.split(",")) <= set(PAIR_RUNS):
+            parser.error(f"--runs takes b2, c and d, and may add b2o and b2o1; got {args.runs!r}")
+        return pairs(args, argv)
     n = args.records
     results: dict = {"machine": machine(), "args": vars(args)}
     with local_stack("mb-profile-") as stack:
@@ -58,6 +74,70 @@ def main(argv: list[str]) -> int:
                 ["step", "first rep s", "steady s", "records/s", "x read + count()", "steady CPU s", "CPU µs/record"],
                 [[step, runs[0][step], s, n / s, s / base, steady_cpu[step], steady_cpu[step] / n * 1e6]
                  for step, s in steady.items()])
+    print(f"results: {path}\nreproduce: {results['command']}")
+    return 0
+
+
+def pairs(args: argparse.Namespace, argv: list[str]) -> int:
+    """Executor CPU of b2, c and d in alternated rounds of one application; each round's own c/d ratio."""
+    from sqlalchemy import text
+
+    from microbatch.ledger.database import migrate_sinks, transaction
+
+    n = args.records
+    results: dict = {"machine": machine(), "args": vars(args)}
+    with local_stack("mb-pairs-") as stack:
+        results["produce"], _, ranges = filled_topic(stack, TOPIC, n, args.partitions)
+        ledger = stack.fresh_ledger("pairs")
+        spec_dir = write_spec(stack.work_dir / "specs", [TOPIC], n, contributions=args.contributions)
+        migrate_sinks(ledger, spec_dir)
+        with transaction(ledger) as session:
+            for ddl in PEER_DDL:
+                session.execute(text(ddl))
+        events = stack.work_dir / "events"
+        run = spark_submit(APPS / "cpu_pairs.py", [str(ranges), str(args.pairs), args.runs],
+                           {"MICROBATCH_KAFKA_BOOTSTRAP": stack.bootstrap, "MICROBATCH_LEDGER_URL": ledger,
+                            "MICROBATCH_PIPELINES_DIR": str(spec_dir)},
+                           conf={"spark.sql.shuffle.partitions": "4", "spark.ui.enabled": "false",
+                                 **event_logged(events)}, driver_memory="1g")
+        by_group = task_metrics_by_group(events)
+    wall = run.json_lines()[-1]["wall"]
+    names = tuple(args.runs.split(","))
+    cpu = [{name: by_group.get(f"{i}:{name}", {}).get("cpu_s", 0.0) for name in names} for i in range(args.pairs)]
+    read_cpu = [{name: by_group.get(f"{i}:{name}", {}).get("read_cpu_s", 0.0) for name in names}
+                for i in range(args.pairs)]
+    for i, per_run in enumerate(cpu):
+        if min(per_run.values()) <= 0:
+            raise RuntimeError(f"round {i}: the event log holds no executor CPU for one of {names}: {per_run}")
+    results.update(wall=wall, cpu=cpu, read_cpu=read_cpu, by_group=by_group)
+    steady = cpu[1:] or cpu  # round 0 warms the JIT
+    ratios = [r["c"] / r["d"] for r in steady]
+    results["summary"] = {
+        "cpu_us_per_record": {name: median([r[name] for r in steady]) * 1e6 / n for name in names},
+        "read_cpu_us_per_record": {name: median([r[name] for r in (read_cpu[1:] or read_cpu)]) * 1e6 / n
+                                   for name in names},
+        "c_over_d_each_round": [round(x, 3) for x in ratios],
+        "c_over_d_median": median(ratios),
+        "rounds_c_below_d": sum(x < 1 for x in ratios),
+        "c_over_b2_median": median([r["c"] / r["b2"] for r in steady]),
+        "d_over_b2_median": median([r["d"] / r["b2"] for r in steady]),
+        **{f"{name}_over_b2_median": median([r[name] / r["b2"] for r in steady])
+           for name in ("b2o", "b2o1") if name in names},
+    }
+    results["command"] = reproduce_command("stage_profile.py", argv)
+    path = write_results("cpu_pairs", results)
+    print_table(f"Executor CPU per run, {n:,} records over {args.partitions} partitions, {args.pairs} rounds of "
+                f"{', '.join(names)} alternated in one application (c: contributions {args.contributions})",
+                ["round", *[f"{name} CPU s" for name in names], "c / d", *[f"{name} wall s" for name in names]],
+                [[i, *[r[name] for name in names], r["c"] / r["d"], *[wall[i][name] for name in names]]
+                 for i, r in enumerate(cpu)])
+    summary = results["summary"]
+    print_table(f"Medians of rounds 2..{args.pairs} (round 1 warms the JIT)",
+                ["run", "executor CPU µs/record", "of it in the tasks that read Kafka"],
+                [[name, summary["cpu_us_per_record"][name], summary["read_cpu_us_per_record"][name]]
+                 for name in names])
+    print(f"c/d executor CPU, each round: {summary['c_over_d_each_round']}; median {summary['c_over_d_median']}; "
+          f"c below d in {summary['rounds_c_below_d']} of {len(ratios)} rounds")
     print(f"results: {path}\nreproduce: {results['command']}")
     return 0
 

@@ -58,6 +58,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import (
     APPS,
     BY_BATCH_TABLE,
+    PEER_DDL,
     PYTHON,
     ROOT,
     Stack,
@@ -131,7 +132,7 @@ def bare_job(stack: Stack, name: str, ranges_file: Path, driver_memory: str, rem
         metrics = spark_task_metrics(events)
     info = result.json_lines()[-1]
     return {"wall_s": round(result.seconds, 3), "engine_s": info["job_s"], "peak_rss_mb": result.peak_rss_mb,
-            "spark_metrics": metrics}
+            "spark_metrics": metrics, "batch_job_s": info["batch_job_s"]}
 
 
 def gc_logged(path: Path) -> dict[str, str]:
@@ -239,6 +240,7 @@ def microbatch_run(stack: Stack, name: str, records: int, per_batch: int, driver
     if counted != records:
         raise RuntimeError(f"{name}: the sink counts {counted} records, expected {records}")
     totals["read_s"] = sum(t.get("read_s", 0) for t in timings)
+    batch_job_s = [round(t.get("read_s", 0) + t.get("stage_write_s", 0), 3) for t in timings]
     totals["stage_write_s"] = sum(t.get("stage_write_s", 0) for t in timings)
     # staging.py adds stage_total_s to its result after record_staged, so the ledger holds only
     # read_s and stage_write_s: the engine time of the stage is their sum.
@@ -248,22 +250,12 @@ def microbatch_run(stack: Stack, name: str, records: int, per_batch: int, driver
     python = {kind: [py_spy_summary(f) for f in sorted(profiles.glob(f"{kind}-*.txt"))]
               for kind in ("plan", "stage", "commit")}
     return {**{k: round(v, 3) for k, v in totals.items()}, "wall_s": round(wall, 3), "engine_s": round(engine, 3),
-            "sink_rows": rows, "peak_rss_mb": peaks,
+            "sink_rows": rows, "peak_rss_mb": peaks, "batch_job_s": batch_job_s,
             "spark_metrics": spark_task_metrics(events) if events.exists() else {},
             "python_cpu_s": {kind: round(sum(p["active_s"] for p in ps), 3) for kind, ps in python.items()},
             "python_import_s": {kind: round(sum(p["import_s"] for p in ps), 3) for kind, ps in python.items()},
             "python_top": {kind: max(ps, key=lambda p: p["active_s"])["top"] if ps else []
                            for kind, ps in python.items()}}
-
-
-PEER_DDL = [
-    "CREATE TABLE IF NOT EXISTS peer_stage_ip_counts (batch_id bigint NOT NULL, window_start timestamptz NOT NULL, "
-    "window_end timestamptz NOT NULL, ip text NOT NULL, count bigint NOT NULL)",
-    "CREATE INDEX IF NOT EXISTS ix_peer_stage ON peer_stage_ip_counts (batch_id)",
-    "CREATE TABLE IF NOT EXISTS peer_ip_counts (window_start timestamptz NOT NULL, window_end timestamptz NOT NULL, "
-    "ip text NOT NULL, count bigint NOT NULL, PRIMARY KEY (window_start, window_end, ip))",
-    "CREATE TABLE IF NOT EXISTS peer_progress (batch_id bigint PRIMARY KEY, at timestamptz NOT NULL DEFAULT now())",
-]
 
 
 def peer_run(stack: Stack, name: str, records: int, max_offsets: int, driver_memory: str,
@@ -293,7 +285,10 @@ def peer_run(stack: Stack, name: str, records: int, max_offsets: int, driver_mem
         counted = session.execute(text("SELECT coalesce(sum(count), 0) FROM peer_ip_counts")).scalar_one()
     if counted != records or info["records"] != records:
         raise RuntimeError(f"{name}: the peer counted {counted} of {info['records']} records, expected {records}")
+    # Each micro-batch's foreachBatch: its Spark job and JDBC write, then its merge (not kept over Connect).
+    batch_s = [round(b["stage_s"] + b["merge_s"], 3) for b in info["batches"] if "stage_s" in b]
     return {"wall_s": round(result.seconds, 3), "engine_s": info["query_s"], "batches": len(info["batches"]),
+            "batch_job_s": batch_s,
             "peak_rss_mb": result.peak_rss_mb, "spark_metrics": spark_task_metrics(events) if events.exists() else {}}
 
 
@@ -478,6 +473,18 @@ def main(argv: list[str]) -> int:
             per_batch.append([key, b, round(job, 3), round(plan_s, 3), round(around, 3), round(commit_s, 3),
                               round(plan_s + around + commit_s, 3)])
     results["per_batch"] = per_batch
+    # The Spark job of each batch in one application: the first pays the JVM's warm-up (JIT, class loading, the
+    # first Kafka and JDBC connections), the rest run warm. The peer's is its foreachBatch (job, JDBC write, merge).
+    first_and_rest = []
+    for key in ("b2_bare_job_split", "d_peer_split", "c_microbatch_split_run", "c_microbatch_split_run_pb",
+                "b2_connect_bare_job_split", "c_connect_split_warm_run_pb"):
+        lists = [r["batch_job_s"] for r in runs.get(key, []) if len(r.get("batch_job_s") or []) > 1]
+        if lists:
+            first_and_rest.append([key, median([len(x) for x in lists]), median([x[0] for x in lists]),
+                                   median([median(x[1:]) for x in lists]), median([sum(x) for x in lists]),
+                                   median([r["wall_s"] - sum(r["batch_job_s"]) for r in runs[key]
+                                           if len(r.get("batch_job_s") or []) > 1])])
+    results["first_batch_and_the_rest"] = first_and_rest
     if "c_connect_1_batch" in runs:
         results["phases_c_connect_median"] = {k: median([r[k] for r in runs["c_connect_1_batch"]])
                                               for k in phase_keys}
@@ -500,6 +507,9 @@ def main(argv: list[str]) -> int:
     print_table("microbatch per batch (medians, s): the Spark job, and the fixed cost around it", [
         "run", "batches", "Spark job", "plan", "stage outside the job (JVM or client start, session)", "commit",
         "fixed cost"], per_batch)
+    print_table("Each batch's Spark job in a run of batches (medians, s; the peer's: its foreachBatch, merge included)",
+                ["run", "batches", "first batch", "each later batch", "all batches", "wall outside them"],
+                first_and_rest)
     print_table("Peak RSS, MB (max over runs)", ["process", "MB"], [[k, v] for k, v in sorted(peak.items())])
     by_size = [[f"{key} ({n // runs[key][0]['batches']:,} records per batch)",
                 median([r["peak_rss_mb"].get("stage_jvm", 0) for r in runs[key]]),

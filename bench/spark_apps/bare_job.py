@@ -25,7 +25,7 @@ from pathlib import Path
 
 STARTED = time.time()
 
-from pyspark.sql import Observation  # noqa: E402
+from pyspark.sql import Observation, SparkSession  # noqa: E402
 from pyspark.sql import functions as F  # noqa: E402
 from session import bench_session  # noqa: E402
 
@@ -52,6 +52,21 @@ def batches(ranges: list[OffsetRange], batch_records: int) -> list[list[OffsetRa
         starts.update({r.tp: r.end for r in batch})
 
 
+def run_bare_job(spark: SparkSession, batch: list[OffsetRange], bootstrap: str,
+                 observation: Observation | None = None, only_count: bool = False) -> None:
+    """One batch of the bare job: read exactly `batch`, parse, aggregate, write to `noop`; with `observation`,
+    the stage's observed metrics ride along (b2o), or with `only_count` a single count (b2o1)."""
+    options = kafka_read_options(batch, bootstrap, "read_committed")
+    records = spark.read.format("kafka").options(**with_pooled_consumers(options)).load()
+    parsed = transform.parse(records, OPTIONS, {})
+    if observation is not None:
+        keys = sorted({(r.topic, r.partition) for r in batch})
+        metrics = {"records": F.count(F.lit(1))} if only_count else read_metrics(transform, OPTIONS, keys)
+        parsed = parsed.observe(observation, *[e.alias(k) for k, e in metrics.items()])
+    valid = parsed.where(F.col("error").isNull() & ~F.col("late"))
+    transform.outputs(valid, OPTIONS, {})["ip_counts"].write.format("noop").mode("overwrite").save()
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("ranges", type=Path)
@@ -66,18 +81,10 @@ def main(argv: list[str]) -> int:
     job_seconds: list[float] = []
     for batch in batches(ranges, args.batch_records):
         t0 = time.monotonic()
-        options = kafka_read_options(batch, bootstrap, "read_committed")
-        records = spark.read.format("kafka").options(**with_pooled_consumers(options)).load()
-        parsed = transform.parse(records, OPTIONS, {})
-        observation = Observation("bare")
-        if args.observed:
-            keys = sorted({(r.topic, r.partition) for r in batch})
-            parsed = parsed.observe(observation,
-                                    *[e.alias(k) for k, e in read_metrics(transform, OPTIONS, keys).items()])
-        valid = parsed.where(F.col("error").isNull() & ~F.col("late"))
-        transform.outputs(valid, OPTIONS, {})["ip_counts"].write.format("noop").mode("overwrite").save()
+        observation = Observation("bare") if args.observed else None
+        run_bare_job(spark, batch, bootstrap, observation)
         job_seconds.append(time.monotonic() - t0)
-        if args.observed:
+        if observation is not None:
             observed = observation.get
     print("BENCH:" + json.dumps({"job_s": round(sum(job_seconds), 3), "batches": len(job_seconds),
                                  "batch_job_s": [round(s, 3) for s in job_seconds],

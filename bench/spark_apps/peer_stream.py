@@ -21,6 +21,7 @@ import time
 STARTED = time.time()
 
 import psycopg  # noqa: E402
+from pyspark.sql import DataFrame  # noqa: E402
 from pyspark.sql import functions as F  # noqa: E402
 from session import bench_session  # noqa: E402
 from sqlalchemy import make_url  # noqa: E402
@@ -35,6 +36,15 @@ MERGE = (
     "GROUP BY window_start, window_end, ip "
     "ON CONFLICT (window_start, window_end, ip) DO UPDATE SET count = peer_ip_counts.count + EXCLUDED.count"
 )
+
+
+def stage_rows(records: DataFrame, batch_id: int, jdbc: dict[str, str]) -> None:
+    """The peer's Spark work on one micro-batch: parse, keep the good records, aggregate, and write the rows
+    (one per IP, window and source partition) into its staging table over JDBC."""
+    good = transform.parse(records, OPTIONS, {}).where(F.col("error").isNull())
+    out = transform.outputs(good, OPTIONS, {})["ip_counts"].select(F.lit(batch_id).cast("bigint").alias(
+        "batch_id"), "window_start", "window_end", "ip", "count")
+    out.write.format("jdbc").options(**jdbc).option("dbtable", "peer_stage_ip_counts").mode("append").save()
 
 
 def _input_rows(progress: object) -> int:
@@ -58,11 +68,7 @@ def main(argv: list[str]) -> int:
         with psycopg.connect(**conninfo) as conn:
             if conn.execute("SELECT 1 FROM peer_progress WHERE batch_id = %s", (batch_id,)).fetchone():
                 return  # a replay of a batch that already committed
-        parsed = transform.parse(df, OPTIONS, {})
-        good = parsed.where(F.col("error").isNull())
-        out = transform.outputs(good, OPTIONS, {})["ip_counts"].select(F.lit(batch_id).cast("bigint").alias(
-            "batch_id"), "window_start", "window_end", "ip", "count")
-        out.write.format("jdbc").options(**jdbc).option("dbtable", "peer_stage_ip_counts").mode("append").save()
+        stage_rows(df, batch_id, jdbc)
         t1 = time.monotonic()
         with psycopg.connect(**conninfo) as conn, conn.transaction():
             merged = conn.execute(MERGE, {"b": batch_id}).rowcount
