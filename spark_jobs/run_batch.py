@@ -22,7 +22,7 @@ from microbatch import settings
 from microbatch.config import decode_spec, find_spec
 from microbatch.errors import MicrobatchError, SpecError, StageFailedError
 from microbatch.ledger.database import unreachable
-from microbatch.phases.stage import stage_batches
+from microbatch.phases.stage import quiet_pooled_group_warning, stage_batches
 
 log = logging.getLogger("microbatch.stage")
 
@@ -46,6 +46,7 @@ def main(argv: list[str] | None = None) -> int:
         batch_ids = [int(part) for part in str(args.batch_id).split(",") if part.strip()]
         spark = SparkSession.builder.appName(f"microbatch-{spec.name}-batch-{args.batch_id}").getOrCreate()
         spark.sparkContext.setLogLevel("WARN")
+        quiet_pooled_group_warning(spark)
         log.info("Spark application id %s (master %s)", spark.sparkContext.applicationId, spark.sparkContext.master)
         stage_batches(spark, spec, batch_ids, ledger_url, bootstrap, log)
         spark.stop()

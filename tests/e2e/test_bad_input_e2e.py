@@ -68,6 +68,10 @@ def test_bad_input_corpus_and_no_secret_in_process_arguments(service_env, topic,
     assert run.spark_seen, "spark-submit was never seen running"
     assert not run.leaked, f"the ledger password is in a process's arguments: {run.leaked}"
     assert password not in run.log
+    # The stage's spark-submit output is in the log, without the Kafka source's ten-line warning on the pooled
+    # consumers' group id (stage.quiet_pooled_group_warning).
+    assert "Spark application id" in run.log
+    assert "has been set on this query" not in run.log
 
     expected_dead = sorted(c for c, (_, _, outcome) in zip(coords, records, strict=True) if outcome == "dead")
     assert dead_letter_coordinates(ledger_url) == expected_dead

@@ -99,6 +99,21 @@ def with_pooled_consumers(options: Mapping[str, str]) -> dict[str, str]:
     return {**options, "kafka.group.id": f"microbatch-stage-{digest}"}
 
 
+KAFKA_SOURCE_LOGGER = "org.apache.spark.sql.kafka010.KafkaSourceProvider"
+
+
+def quiet_pooled_group_warning(spark: SparkSession) -> None:
+    """Keep the Kafka source's warning about a set `kafka.group.id` out of a spark-submit stage's task log.
+
+    The source warns, in ten lines per batch, that queries sharing a group id interfere as members of one
+    consumer group. The stage's reads assign their partitions and never commit (`with_pooled_consumers`), so they
+    join no group, and the warning would only alarm an operator. The source's errors still reach the log. A
+    Connect client has no JVM of its own: there the server writes the warning to its own log."""
+    jvm = spark.sparkContext._jvm
+    jvm.org.apache.logging.log4j.core.config.Configurator.setLevel(
+        KAFKA_SOURCE_LOGGER, jvm.org.apache.logging.log4j.Level.ERROR)
+
+
 def jdbc_options(ledger_url: str) -> dict[str, str]:
     """pgjdbc options for the ledger database; the password travels only as an option."""
     url = make_url(ledger_url)
