@@ -361,6 +361,34 @@ def test_the_stage_reads_kafka_through_the_v2_scan_and_keeps_a_users_other_v1_so
         spark.conf.unset(V1_SOURCE_LIST)
 
 
+@pytest.mark.parametrize("min_partitions", [0, 80])
+def test_observed_records_per_partition_are_exact_over_many_partitions_and_topics(spark, kafka, min_partitions):
+    """The stage counts records per source partition with one histogram over a partition index (read_metrics):
+    40 partitions over two topics, uneven and some empty, read whole or split into several Spark tasks per
+    partition (whose partial histograms then merge), against the counts produced."""
+    from pyspark.sql import Observation
+
+    from microbatch.phases.stage import read_metrics, records_by_partition
+    from spark_jobs.ip_count import transform
+
+    bootstrap = kafka.bootstrap_servers
+    topics = [f"many_a_{uuid.uuid4().hex[:8]}", f"many_b_{uuid.uuid4().hex[:8]}"]
+    produced = {}
+    for n, topic in enumerate(topics):
+        create_topic(bootstrap, topic, 20)
+        per_partition = {p: (7 * p + 3 * n) % 23 for p in range(20)}  # 0..22 records, several partitions empty
+        produce(bootstrap, topic, {p: c for p, c in per_partition.items() if c})
+        produced.update({(topic, p): c for p, c in per_partition.items()})
+    ranges = [OffsetRange(t, p, 0, c) for (t, p), c in sorted(produced.items()) if c]
+    keys = sorted(produced)  # the empty partitions too: a batch may plan a range that holds only markers
+    observation = Observation(f"many_{min_partitions}")
+    parsed = transform.parse(read(spark, ranges, bootstrap, min_partitions=min_partitions), {}, {})
+    parsed.observe(observation, *[e.alias(k) for k, e in read_metrics(transform, {}, keys).items()]).count()
+    counted = records_by_partition(observation.get, keys)
+    assert counted == {f"{t}[{p}]": c for (t, p), c in sorted(produced.items())}
+    assert sum(counted.values()) == sum(produced.values()) == observation.get["records"]
+
+
 def test_transactional_input_counts_only_committed_records(spark, kafka, topic, ledger_url):
     bootstrap = kafka.bootstrap_servers
     producer = KafkaProducer(bootstrap_servers=bootstrap, transactional_id=f"src-{topic}", acks="all")
