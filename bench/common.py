@@ -70,6 +70,17 @@ PEER_DDL = [
 ]
 
 
+def create_peer_tables(url: str) -> None:
+    """The peer's tables (PEER_DDL) in the database at `url`."""
+    from sqlalchemy import text
+
+    from microbatch.ledger.database import transaction
+
+    with transaction(url) as session:
+        for ddl in PEER_DDL:
+            session.execute(text(ddl))
+
+
 @contextmanager
 def local_stack(prefix: str = "mb-bench-"):
     from microbatch.dev.kafka import KafkaBroker

@@ -20,7 +20,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import (
     APPS,
-    PEER_DDL,
+    create_peer_tables,
     event_logged,
     filled_topic,
     local_stack,
@@ -80,9 +80,7 @@ def main(argv: list[str]) -> int:
 
 def pairs(args: argparse.Namespace, argv: list[str]) -> int:
     """Executor CPU of b2, c and d in alternated rounds of one application; each round's own c/d ratio."""
-    from sqlalchemy import text
-
-    from microbatch.ledger.database import migrate_sinks, transaction
+    from microbatch.ledger.database import migrate_sinks
 
     n = args.records
     results: dict = {"machine": machine(), "args": vars(args)}
@@ -91,21 +89,20 @@ def pairs(args: argparse.Namespace, argv: list[str]) -> int:
         ledger = stack.fresh_ledger("pairs")
         spec_dir = write_spec(stack.work_dir / "specs", [TOPIC], n, contributions=args.contributions)
         migrate_sinks(ledger, spec_dir)
-        with transaction(ledger) as session:
-            for ddl in PEER_DDL:
-                session.execute(text(ddl))
+        create_peer_tables(ledger)
         events = stack.work_dir / "events"
         run = spark_submit(APPS / "cpu_pairs.py", [str(ranges), str(args.pairs), args.runs],
                            {"MICROBATCH_KAFKA_BOOTSTRAP": stack.bootstrap, "MICROBATCH_LEDGER_URL": ledger,
                             "MICROBATCH_PIPELINES_DIR": str(spec_dir)},
-                           conf={"spark.sql.shuffle.partitions": "4", "spark.ui.enabled": "false",
-                                 **event_logged(events)}, driver_memory="1g")
+                           conf={"spark.sql.shuffle.partitions": "4", **event_logged(events)}, driver_memory="1g")
         by_group = task_metrics_by_group(events)
     wall = run.json_lines()[-1]["wall"]
     names = tuple(args.runs.split(","))
-    cpu = [{name: by_group.get(f"{i}:{name}", {}).get("cpu_s", 0.0) for name in names} for i in range(args.pairs)]
-    read_cpu = [{name: by_group.get(f"{i}:{name}", {}).get("read_cpu_s", 0.0) for name in names}
-                for i in range(args.pairs)]
+
+    def per_round(metric: str) -> list[dict[str, float]]:
+        return [{name: by_group.get(f"{i}:{name}", {}).get(metric, 0.0) for name in names} for i in range(args.pairs)]
+
+    cpu, read_cpu = per_round("cpu_s"), per_round("read_cpu_s")
     for i, per_run in enumerate(cpu):
         if min(per_run.values()) <= 0:
             raise RuntimeError(f"round {i}: the event log holds no executor CPU for one of {names}: {per_run}")

@@ -58,10 +58,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import (
     APPS,
     BY_BATCH_TABLE,
-    PEER_DDL,
     PYTHON,
     ROOT,
     Stack,
+    create_peer_tables,
     event_logged,
     filled_topic,
     kafka_tool,
@@ -265,9 +265,7 @@ def peer_run(stack: Stack, name: str, records: int, max_offsets: int, driver_mem
 
     stack.postgres.create_database(name)
     url = stack.postgres.url(name)
-    with transaction(url) as session:
-        for ddl in PEER_DDL:
-            session.execute(text(ddl))
+    create_peer_tables(url)
     checkpoint = stack.work_dir / "checkpoints" / name
     events = stack.work_dir / "events" / name
     env = {"MICROBATCH_KAFKA_BOOTSTRAP": stack.bootstrap, "MICROBATCH_LEDGER_URL": url}
@@ -478,12 +476,12 @@ def main(argv: list[str]) -> int:
     first_and_rest = []
     for key in ("b2_bare_job_split", "d_peer_split", "c_microbatch_split_run", "c_microbatch_split_run_pb",
                 "b2_connect_bare_job_split", "c_connect_split_warm_run_pb"):
-        lists = [r["batch_job_s"] for r in runs.get(key, []) if len(r.get("batch_job_s") or []) > 1]
-        if lists:
+        timed = [r for r in runs.get(key, []) if len(r["batch_job_s"]) > 1]  # none for the peer over Connect
+        if timed:
+            lists = [r["batch_job_s"] for r in timed]
             first_and_rest.append([key, median([len(x) for x in lists]), median([x[0] for x in lists]),
                                    median([median(x[1:]) for x in lists]), median([sum(x) for x in lists]),
-                                   median([r["wall_s"] - sum(r["batch_job_s"]) for r in runs[key]
-                                           if len(r.get("batch_job_s") or []) > 1])])
+                                   median([r["wall_s"] - sum(r["batch_job_s"]) for r in timed])])
     results["first_batch_and_the_rest"] = first_and_rest
     if "c_connect_1_batch" in runs:
         results["phases_c_connect_median"] = {k: median([r[k] for r in runs["c_connect_1_batch"]])

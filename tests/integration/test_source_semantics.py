@@ -363,9 +363,10 @@ def test_the_stage_reads_kafka_through_the_v2_scan_and_keeps_a_users_other_v1_so
 
 @pytest.mark.parametrize("min_partitions", [0, 80])
 def test_observed_records_per_partition_are_exact_over_many_partitions_and_topics(spark, kafka, min_partitions):
-    """The stage counts records per source partition with one histogram over a partition index (read_metrics):
-    40 partitions over two topics, uneven and some empty, read whole or split into several Spark tasks per
-    partition (whose partial histograms then merge), against the counts produced."""
+    """The stage's observed records per source partition (read_metrics): 40 partitions over two topics, uneven and
+    some empty, read whole or split into several Spark tasks per partition (whose partial counts then merge),
+    against the counts produced. Spark's histogram_numeric, tried for these counts, failed this: a split read
+    merged two partitions' bins into one."""
     from pyspark.sql import Observation
 
     from microbatch.phases.stage import read_metrics, records_by_partition
@@ -386,7 +387,7 @@ def test_observed_records_per_partition_are_exact_over_many_partitions_and_topic
     parsed.observe(observation, *[e.alias(k) for k, e in read_metrics(transform, {}, keys).items()]).count()
     counted = records_by_partition(observation.get, keys)
     assert counted == {f"{t}[{p}]": c for (t, p), c in sorted(produced.items())}
-    assert sum(counted.values()) == sum(produced.values()) == observation.get["records"]
+    assert sum(counted.values()) == sum(produced.values())
 
 
 def test_transactional_input_counts_only_committed_records(spark, kafka, topic, ledger_url):

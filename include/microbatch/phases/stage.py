@@ -145,76 +145,34 @@ def _write_staging(df: DataFrame, table: str, jdbc: Mapping[str, str]) -> None:
     df.write.format("jdbc").options(**jdbc).option("dbtable", table).mode("append").save()
 
 
-def partition_places(partition_keys: list[tuple[str, int]]) -> dict[str, int]:
-    """What `partition_index` adds to a record's partition number per topic: nothing when the batch reads one topic,
-    else the topic's place among the batch's topics times one more than the highest partition number."""
-    topics = sorted({t for t, _ in partition_keys})
-    width = max(p for _, p in partition_keys) + 1 if len(topics) > 1 else 0
-    return {topic: i * width for i, topic in enumerate(topics)}
-
-
-def partition_index(partition_keys: list[tuple[str, int]]) -> Column:
-    """A per-record integer naming the record's source partition among `partition_keys` (`partition_places`): the
-    partition number itself when the batch reads one topic, else one comparison of the topic per topic."""
-    places = partition_places(partition_keys)
-    if len(places) == 1:
-        return F.col("partition")
-    (first, *others) = sorted(places)
-    index = F.when(F.col("topic") == first, F.col("partition").cast("bigint") + places[first])
-    for topic in others:
-        index = index.when(F.col("topic") == topic, F.col("partition").cast("bigint") + places[topic])
-    return index
-
-
 def read_metrics(
     job: SparkJob, options: Mapping[str, Any], partition_keys: list[tuple[str, int]]
 ) -> dict[str, Column]:
-    """Aggregates observed during the read: records, records per source partition, dead letters, late records and
-    the job's state metrics.
+    """Aggregates observed during the read: records per source partition, dead letters, late records and the
+    job's state metrics."""
+    # The partition (an int) is compared first, and the topic (a string) only when the batch reads several:
+    # these expressions run for every record (bench/throughput.py's executor CPU per record). One counter per
+    # partition costs about 0.03 µs per partition and record (bench/stage_profile.py --pairs); Spark's
+    # histogram_numeric, tried instead, is not exact when split reads merge their partial histograms.
+    one_topic = len({t for t, _ in partition_keys}) == 1
 
-    These run for every record. The records per partition are one `histogram_numeric` over the partition's index
-    with a bin more than the batch has partitions: its algorithm (Ben-Haim and Tom-Tov's) merges bins only when
-    there are more distinct values than bins, so each partition keeps a bin of its own and an exact count, at the
-    cost of one update per record whatever the number of partitions. One `count(when(...))` per partition, as
-    before, cost 1.8 µs more per record at 64 partitions (bench/stage_profile.py --pairs, docs/performance.md).
-    `records_by_partition` checks the bins against the plain count."""
+    def of(topic: str, partition: int) -> Column:
+        same = F.col("partition") == partition
+        return same if one_topic else same & (F.col("topic") == topic)
+
     metrics: dict[str, Column] = {
-        "records": F.count(F.lit(1)),
-        "records_by_partition": F.histogram_numeric(partition_index(partition_keys), F.lit(len(partition_keys) + 1)),
-        "dead_letters": F.count(ERROR_COLUMN),
-        "late_records": F.count(F.when(F.col(LATE_COLUMN), True)),
+        f"records_{i}": F.count(F.when(of(t, p), True)) for i, (t, p) in enumerate(partition_keys)
     }
+    metrics["dead_letters"] = F.count(ERROR_COLUMN)
+    metrics["late_records"] = F.count(F.when(F.col(LATE_COLUMN), True))
     for name, expr in job.state_metrics(options).items():
         metrics[f"state_{name}"] = expr
     return metrics
 
 
 def records_by_partition(values: Mapping[str, Any], partition_keys: list[tuple[str, int]]) -> dict[str, int]:
-    """Records read per source partition, `topic[p]` -> count, from the observed metrics of `read_metrics`.
-
-    Refuses bins that name no partition of the batch, or counts that do not add up to the records read: either
-    would mean Spark's histogram no longer keeps one exact bin per value, and the ledger records exact counts."""
-    places = partition_places(partition_keys)
-    named = {places[t] + p: (t, p) for t, p in partition_keys}
-    counts = dict.fromkeys(named.values(), 0)
-    for bin_ in values.get("records_by_partition") or []:
-        x, y = float(bin_["x"]), float(bin_["y"])
-        key = named.get(int(x)) if x.is_integer() else None
-        if key is None or not y.is_integer():
-            raise MicrobatchError(
-                f"The stage's count of records per partition has a bin ({x}, {y}) that names no partition of the "
-                "batch; the records read cannot be recorded exactly.",
-                fix="Report this with the Spark version: the stage relies on histogram_numeric keeping one bin per "
-                    "partition.")
-        counts[key] += int(y)
-    total = int(values.get("records") or 0)
-    if sum(counts.values()) != total:
-        raise MicrobatchError(
-            f"The stage counted {total} records but {sum(counts.values())} across the batch's partitions; the "
-            "records read cannot be recorded exactly.",
-            fix="Report this with the Spark version: the stage relies on histogram_numeric keeping one bin per "
-                "partition.")
-    return {f"{t}[{p}]": n for (t, p), n in sorted(counts.items())}
+    """Records read per source partition, `topic[p]` -> count, from the observed metrics of `read_metrics`."""
+    return {f"{t}[{p}]": int(values.get(f"records_{i}") or 0) for i, (t, p) in enumerate(partition_keys)}
 
 
 def _sink_rows(spec: PipelineSpec, sink: Sink, outputs: Mapping[str, DataFrame]) -> DataFrame:
