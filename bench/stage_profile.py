@@ -35,7 +35,7 @@ from common import (
 )
 
 TOPIC = "bench_profile"
-PAIR_RUNS = ("b2", "b2o", "b2o1", "c", "d")
+PAIR_RUNS = ("b2", "b2o", "b2o1", "c", "cp", "d")
 
 
 def main(argv: list[str]) -> int:
@@ -46,11 +46,12 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--pairs", type=int, default=0, help="rounds of b2, c and d alternated (goal 2) instead")
     parser.add_argument("--contributions", choices=["per_partition", "per_batch"], default="per_batch",
                         help="the sink's contributions in c's spec (with --pairs)")
-    parser.add_argument("--runs", default="b2,c,d", help="with --pairs: the runs of each round, of b2, b2o, b2o1, c, d")
+    parser.add_argument("--runs", default="b2,c,d",
+                        help="with --pairs: the runs of each round, of b2, b2o, b2o1, c, cp, d")
     args = parser.parse_args(argv)
     if args.pairs:
         if not {"b2", "c", "d"} <= set(args.runs.split(",")) or not set(args.runs.split(",")) <= set(PAIR_RUNS):
-            parser.error(f"--runs takes b2, c and d, and may add b2o and b2o1; got {args.runs!r}")
+            parser.error(f"--runs takes b2, c and d, and may add b2o, b2o1 and cp; got {args.runs!r}")
         return pairs(args, argv)
     n = args.records
     results: dict = {"machine": machine(), "args": vars(args)}
@@ -119,7 +120,7 @@ def pairs(args: argparse.Namespace, argv: list[str]) -> int:
         "c_over_b2_median": median([r["c"] / r["b2"] for r in steady]),
         "d_over_b2_median": median([r["d"] / r["b2"] for r in steady]),
         **{f"{name}_over_b2_median": median([r[name] / r["b2"] for r in steady])
-           for name in ("b2o", "b2o1") if name in names},
+           for name in ("b2o", "b2o1", "cp") if name in names},
     }
     results["command"] = reproduce_command("stage_profile.py", argv)
     path = write_results("cpu_pairs", results)

@@ -61,7 +61,8 @@ def run_bare_job(spark: SparkSession, batch: list[OffsetRange], bootstrap: str,
     parsed = transform.parse(records, OPTIONS, {})
     if observation is not None:
         keys = sorted({(r.topic, r.partition) for r in batch})
-        metrics = {"records": F.count(F.lit(1))} if only_count else read_metrics(transform, OPTIONS, keys)
+        metrics = ({"records": F.count(F.lit(1))} if only_count
+                   else read_metrics(transform, OPTIONS, keys, count_partitions=True))
         parsed = parsed.observe(observation, *[e.alias(k) for k, e in metrics.items()])
     valid = parsed.where(F.col("error").isNull() & ~F.col("late"))
     transform.outputs(valid, OPTIONS, {})["ip_counts"].write.format("noop").mode("overwrite").save()

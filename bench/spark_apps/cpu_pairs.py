@@ -10,7 +10,9 @@ MICROBATCH_PIPELINES_DIR (the ip_count spec whose stage c runs).
   itself (it runs outside whole-stage code generation).
 - c: the stage's own code on one batch (`phases.stage`): the read through the V2 scan, the job's parse, the observed
   counts, the job's outputs, the sink's staged rows (summed per key with `contributions: per_batch`), the tags, and
-  the JDBC write into the sink's staging table with its row count. No ledger row is touched.
+  the JDBC write into the sink's staging table with its row count. No ledger row is touched. It observes the
+  total read, which on these dense ranges gives the exact count per partition; cp: the same with one counter per
+  partition, as a pipeline whose last read had holes (transaction markers) counts.
 - d: `peer_stream.stage_rows`, the peer's foreachBatch body, on a batch read of the same ranges (the streaming
   read and the batch read hand Spark the same Kafka reader; only the query around it differs).
 
@@ -58,8 +60,8 @@ def main(argv: list[str]) -> int:
     jdbc = jdbc_options(ledger)
     keep_observed_metrics(spark)
 
-    def c(round_no: int) -> None:
-        attempt = _Attempt(batch_id=1, attempt=round_no + 1, ranges=ranges, state_before={})
+    def c(round_no: int, count_partitions: bool = False) -> None:
+        attempt = _Attempt(1, round_no + 1, ranges, {}, count_partitions)
         parsed = job.parse(_read_ranges(spark, spec, ranges, bootstrap), spec.job.options, {})
         _stage_outputs(spec, job, parsed, attempt, jdbc, ledger)
 
@@ -68,6 +70,7 @@ def main(argv: list[str]) -> int:
         stage_rows(spark.read.format("kafka").options(**options).load(), round_no, jdbc)
 
     work = {"b2": lambda _: run_bare_job(spark, ranges, bootstrap), "c": c, "d": d,
+            "cp": lambda round_no: c(round_no, count_partitions=True),
             "b2o": lambda round_no: run_bare_job(spark, ranges, bootstrap, Observation(f"b2o_{round_no}")),
             "b2o1": lambda round_no: run_bare_job(spark, ranges, bootstrap, Observation(f"b2o1_{round_no}"),
                                                   only_count=True)}

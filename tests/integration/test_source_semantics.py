@@ -369,7 +369,7 @@ def test_observed_records_per_partition_are_exact_over_many_partitions_and_topic
     merged two partitions' bins into one."""
     from pyspark.sql import Observation
 
-    from microbatch.phases.stage import read_metrics, records_by_partition
+    from microbatch.phases.stage import planned_by_partition, read_metrics, records_by_partition, records_read
     from spark_jobs.ip_count import transform
 
     bootstrap = kafka.bootstrap_servers
@@ -384,10 +384,14 @@ def test_observed_records_per_partition_are_exact_over_many_partitions_and_topic
     keys = sorted(produced)  # the empty partitions too: a batch may plan a range that holds only markers
     observation = Observation(f"many_{min_partitions}")
     parsed = transform.parse(read(spark, ranges, bootstrap, min_partitions=min_partitions), {}, {})
-    parsed.observe(observation, *[e.alias(k) for k, e in read_metrics(transform, {}, keys).items()]).count()
+    metrics = read_metrics(transform, {}, keys, count_partitions=True)
+    parsed.observe(observation, *[e.alias(k) for k, e in metrics.items()]).count()
     counted = records_by_partition(observation.get, keys)
     assert counted == {f"{t}[{p}]": c for (t, p), c in sorted(produced.items())}
-    assert sum(counted.values()) == sum(produced.values())
+    assert observation.get["records"] == sum(counted.values()) == sum(produced.values())
+    # Without counters, the dense ranges' total alone gives the same exact counts.
+    assert records_read(observation.get["records"], planned_by_partition(ranges), None) == {
+        f"{t}[{p}]": c for (t, p), c in sorted(produced.items()) if c}
 
 
 def test_transactional_input_counts_only_committed_records(spark, kafka, topic, ledger_url):
@@ -449,6 +453,54 @@ def test_a_batch_without_good_records_stages_its_dead_letters_and_commits(spark,
     assert dead == [(1, offset) for offset in range(4)]
     ends = positions(ledger_url)
     assert (ends[(topic, 0)], ends[(topic, 1)]) == (4, 4)
+
+
+def test_records_per_partition_stay_exact_as_holes_come_and_go(spark, kafka, topic, ledger_url, caplog):
+    """Dense ranges take their counts per partition from the total read, with no counter; the first batch with
+    holes (an aborted transaction and its marker) counts them in a second read of its ranges; the next batch of
+    that pipeline counts per partition in its one pass. Every batch's counts are the records produced."""
+    from microbatch.phases.stage import stage_batch
+
+    bootstrap = kafka.bootstrap_servers
+    spec = make_spec(topics=[topic])
+
+    def batch() -> tuple[dict[str, int], str]:
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="microbatch.phases.stage"):
+            outcome = plan_next_batch(spec, ledger_url, bootstrap)
+            result = stage_batch(spark, spec, outcome.batch_id, ledger_url, bootstrap)
+        assert result is not None
+        with transaction(ledger_url) as session:
+            commit_batch(session, spec, outcome.batch_id)
+        return result.records_by_partition, caplog.text
+
+    def aborted(partition: int, count: int) -> None:
+        producer = KafkaProducer(bootstrap_servers=bootstrap, transactional_id=f"holes-{uuid.uuid4().hex[:8]}",
+                                 acks="all")
+        producer.init_transactions()
+        producer.begin_transaction()
+        for _ in range(count):
+            producer.send(topic, value=b"never visible", partition=partition)
+        producer.flush()
+        producer.abort_transaction()
+        producer.close()
+
+    produce(bootstrap, topic, {0: 6, 1: 3})
+    counts, logged = batch()
+    assert counts == {f"{topic}[0]": 6, f"{topic}[1]": 3}
+    assert "second read" not in logged
+
+    aborted(0, 5)  # offsets 6-11 hold 5 aborted records and their marker
+    produce(bootstrap, topic, {0: 2, 1: 4})
+    counts, logged = batch()
+    assert counts == {f"{topic}[0]": 2, f"{topic}[1]": 4}
+    assert "counted per partition in a second read" in logged
+
+    aborted(1, 2)
+    produce(bootstrap, topic, {0: 1, 1: 5})
+    counts, logged = batch()
+    assert counts == {f"{topic}[0]": 1, f"{topic}[1]": 5}
+    assert "second read" not in logged  # the last read had holes: this one counted per partition as it read
 
 
 def test_spark_refuses_offsets_deleted_after_planning(spark, kafka, topic):

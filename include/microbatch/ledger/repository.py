@@ -274,6 +274,18 @@ def record_staged(
     batch.staged_at = session.execute(text("SELECT now()")).scalar_one()
 
 
+def last_read_had_holes(session: Session, pipeline_id: int, batch_id: int) -> bool:
+    """Whether the pipeline's latest staged read before `batch_id` returned fewer records than its ranges hold
+    offsets: transaction markers, aborted or compacted records."""
+    counts = session.scalars(
+        select(Batch.counts)
+        .where(Batch.pipeline_id == pipeline_id, Batch.id < batch_id, Batch.counts.has_key("records"))
+        .order_by(Batch.id.desc())
+        .limit(1)
+    ).first()
+    return counts is not None and int(counts["records"]) < int(counts.get("planned_records") or 0)
+
+
 def record_failure(session: Session, batch_id: int, message: str) -> None:
     """Keep the latest error on the batch row for `microbatch history`; the batch stays open."""
     session.execute(update(Batch).where(Batch.id == batch_id).values(error=message[:2000]))

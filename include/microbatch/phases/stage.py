@@ -146,23 +146,25 @@ def _write_staging(df: DataFrame, table: str, jdbc: Mapping[str, str]) -> None:
 
 
 def read_metrics(
-    job: SparkJob, options: Mapping[str, Any], partition_keys: list[tuple[str, int]]
+    job: SparkJob, options: Mapping[str, Any], partition_keys: list[tuple[str, int]], *, count_partitions: bool
 ) -> dict[str, Column]:
-    """Aggregates observed during the read: records per source partition, dead letters, late records and the
-    job's state metrics."""
-    # The partition (an int) is compared first, and the topic (a string) only when the batch reads several:
-    # these expressions run for every record (bench/throughput.py's executor CPU per record). One counter per
-    # partition costs about 0.03 µs per partition and record (bench/stage_profile.py --pairs); Spark's
-    # histogram_numeric, tried instead, is not exact when split reads merge their partial histograms.
-    one_topic = len({t for t, _ in partition_keys}) == 1
+    """Aggregates observed during the read: the records read, dead letters, late records and the job's state
+    metrics, and with `count_partitions` the records of each source partition too."""
+    # These expressions run for every record (bench/throughput.py's executor CPU per record). One counter per
+    # partition costs about 0.03 µs per partition and record (bench/stage_profile.py --pairs), so a batch counts
+    # per partition only when its ranges are expected to have holes (`records_read`); Spark's histogram_numeric,
+    # tried instead, is not exact when split reads merge their partial histograms. The partition (an int) is
+    # compared first, and the topic (a string) only when the batch reads several.
+    metrics: dict[str, Column] = {"records": F.count(F.lit(1))}
+    if count_partitions:
+        one_topic = len({t for t, _ in partition_keys}) == 1
 
-    def of(topic: str, partition: int) -> Column:
-        same = F.col("partition") == partition
-        return same if one_topic else same & (F.col("topic") == topic)
+        def of(topic: str, partition: int) -> Column:
+            same = F.col("partition") == partition
+            return same if one_topic else same & (F.col("topic") == topic)
 
-    metrics: dict[str, Column] = {
-        f"records_{i}": F.count(F.when(of(t, p), True)) for i, (t, p) in enumerate(partition_keys)
-    }
+        metrics.update(
+            {f"records_{i}": F.count(F.when(of(t, p), True)) for i, (t, p) in enumerate(partition_keys)})
     metrics["dead_letters"] = F.count(ERROR_COLUMN)
     metrics["late_records"] = F.count(F.when(F.col(LATE_COLUMN), True))
     for name, expr in job.state_metrics(options).items():
@@ -171,8 +173,43 @@ def read_metrics(
 
 
 def records_by_partition(values: Mapping[str, Any], partition_keys: list[tuple[str, int]]) -> dict[str, int]:
-    """Records read per source partition, `topic[p]` -> count, from the observed metrics of `read_metrics`."""
+    """Records read per source partition, `topic[p]` -> count, from the per-partition counters of `read_metrics`."""
     return {f"{t}[{p}]": int(values.get(f"records_{i}") or 0) for i, (t, p) in enumerate(partition_keys)}
+
+
+def planned_by_partition(ranges: list[OffsetRange]) -> dict[str, int]:
+    """Offsets the ranges hold per source partition, `topic[p]` -> count: the most records a read of them returns."""
+    planned: dict[str, int] = {}
+    for r in ranges:
+        planned[f"{r.topic}[{r.partition}]"] = planned.get(f"{r.topic}[{r.partition}]", 0) + r.size
+    return planned
+
+
+def records_read(
+    observed: int, planned: Mapping[str, int], counted: Mapping[str, int] | None
+) -> dict[str, int] | None:
+    """The exact records read per source partition, or None when only a count per partition can tell.
+
+    A read returns each offset of its ranges at most once, so no partition yields more records than its ranges
+    hold; when the total read equals the total planned, every partition therefore yielded exactly its ranges,
+    and no per-partition counter is needed. Fewer records mean holes (transaction markers, aborted or compacted
+    records): then `counted` (per-partition counts of the same pass, or of a second read of the same ranges,
+    where records can only have been removed since) must add up to the total observed, which makes each of them
+    exact too. Anything else is a read the ledger cannot vouch for (StageFailedError, retried)."""
+    total = sum(planned.values())
+    if counted is None:
+        if observed == total:
+            return dict(planned)
+        if observed < total:
+            return None
+    elif sum(counted.values()) == observed and all(n <= planned.get(key, 0) for key, n in counted.items()):
+        return {key: int(counted.get(key, 0)) for key in planned}
+    raise StageFailedError(
+        f"The read returned {observed} records for {total} planned offsets"
+        + (f", and {sum(counted.values())} when counted per partition" if counted is not None else "")
+        + ": the counts do not add up, so the ledger cannot vouch for them.",
+        fix="Nothing was committed; the retry reads the same ranges again. If it recurs, compaction or retention "
+            "is removing records while the batch reads them: read further behind the log end.")
 
 
 def _sink_rows(spec: PipelineSpec, sink: Sink, outputs: Mapping[str, DataFrame]) -> DataFrame:
@@ -238,6 +275,7 @@ class _Attempt:
     attempt: int
     ranges: list[OffsetRange]
     state_before: dict[str, Any]
+    count_partitions: bool = False
 
     @property
     def partition_keys(self) -> list[tuple[str, int]]:
@@ -277,7 +315,7 @@ def _stage_locked(
     write_seconds = time.monotonic() - t_write
     failpoints.hit("stage.after_write")
 
-    by_partition = records_by_partition(values, current.partition_keys)
+    by_partition = _records_by_partition(spark, spec, current, values, bootstrap_servers)
     state_metrics = {name.removeprefix("state_"): v for name, v in values.items() if name.startswith("state_")}
     result = StageResult(
         batch_id=batch_id,
@@ -311,7 +349,10 @@ def _begin_attempt(batch_id: int, ledger_url: str, waited: bool) -> _Attempt | N
         if attempt is None:
             log.info("batch %s is %s; nothing to stage", batch_id, batch.state)
             return None
-        return _Attempt(batch_id, attempt, repo.batch_ranges(session, batch_id), state_before)
+        # A pipeline whose last read had holes (a transactional producer's markers) counts per partition in the
+        # same pass; any other counts them only if this read turns out to have holes (`records_read`).
+        holes = repo.last_read_had_holes(session, batch.pipeline_id, batch_id)
+        return _Attempt(batch_id, attempt, repo.batch_ranges(session, batch_id), state_before, holes)
 
 
 def _state_before(session: Session, batch: Batch) -> dict[str, Any]:
@@ -335,18 +376,47 @@ def _state_before(session: Session, batch: Batch) -> dict[str, Any]:
     return state
 
 
-def _read_ranges(
+def _records_by_partition(
+    spark: SparkSession, spec: PipelineSpec, current: _Attempt, values: Mapping[str, Any], bootstrap_servers: str
+) -> dict[str, int]:
+    """The exact records read per source partition (`records_read`), counted in a second read of the same
+    ranges when the pass had holes and no per-partition counters."""
+    observed = int(values.get("records") or 0)
+    planned = planned_by_partition(current.ranges)
+    counted = records_by_partition(values, current.partition_keys) if current.count_partitions else None
+    exact = records_read(observed, planned, counted)
+    if exact is not None:
+        return exact
+    started = time.monotonic()
+    rows = _kafka_records(spark, spec, current.ranges, bootstrap_servers).groupBy("topic", "partition").count()
+    again = {f"{row['topic']}[{row['partition']}]": int(row["count"]) for row in rows.collect()}
+    exact = records_read(observed, planned, again)
+    assert exact is not None
+    log.info("  %s of %s planned offsets were records (the rest: transaction markers, aborted or compacted "
+             "records); counted per partition in a second read (%.1fs)", observed, sum(planned.values()),
+             time.monotonic() - started)
+    return exact
+
+
+def _kafka_records(
     spark: SparkSession, spec: PipelineSpec, ranges: list[OffsetRange], bootstrap_servers: str
 ) -> DataFrame:
-    """Spark's Kafka source over exactly `ranges` (with the `stage.read` failpoint when it is set)."""
+    """Spark's Kafka source over exactly `ranges`."""
     read_options = kafka_read_options(
         ranges, bootstrap_servers, spec.source.isolation_level, spec.source.min_spark_partitions)
     security = spark_client_options()
     read_kafka_through_v2(spark)  # before load(): the reader picks the V1 or V2 source there
     # The pooled group id hashes the client settings; with credentials among them it would leak a hash
     # of a secret into the broker's logs, so a secured cluster keeps Spark's fresh group id per query.
-    records = spark.read.format("kafka").options(
+    return spark.read.format("kafka").options(
         **(with_pooled_consumers(read_options) if not security else {**read_options, **security})).load()
+
+
+def _read_ranges(
+    spark: SparkSession, spec: PipelineSpec, ranges: list[OffsetRange], bootstrap_servers: str
+) -> DataFrame:
+    """Spark's Kafka source over exactly `ranges` (with the `stage.read` failpoint when it is set)."""
+    records = _kafka_records(spark, spec, ranges, bootstrap_servers)
     limit = failpoints.argument("stage.read")
     if limit is not None:
         records = _crash_after_records(records, int(limit or 0))
@@ -361,8 +431,8 @@ def _stage_outputs(
     (observed metrics, rows staged per sink, seconds)."""
     options = spec.job.options
     observation = Observation(f"batch_{current.batch_id}_{current.attempt}")
-    observed = parsed.observe(observation, *[expr.alias(name) for name, expr in
-                                             read_metrics(job, options, current.partition_keys).items()])
+    metrics = read_metrics(job, options, current.partition_keys, count_partitions=current.count_partitions)
+    observed = parsed.observe(observation, *[expr.alias(name) for name, expr in metrics.items()])
     sinks = [sink for sink in sinks_of(spec).values() if sink.staging is not None]
     lake = any(sink.writes_in_stage for sink in sinks)
     # One sink: one Spark job reads Kafka, parses, aggregates and writes the staged rows, with the counts and
