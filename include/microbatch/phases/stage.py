@@ -13,6 +13,7 @@ import json
 import logging
 import os
 import time
+from collections import Counter
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -40,7 +41,7 @@ from microbatch.sinks.base import Sink
 from microbatch.sinks.registry import sinks_of
 from microbatch.spark_remote import is_closed_session, is_unavailable, shared_session_id, with_session_id
 from microbatch.transform import ERROR_COLUMN, LATE_COLUMN, SparkJob
-from microbatch.types import OffsetRange
+from microbatch.types import OffsetRange, TopicPartition
 
 log = logging.getLogger(__name__)
 
@@ -174,15 +175,15 @@ def read_metrics(
 
 def records_by_partition(values: Mapping[str, Any], partition_keys: list[tuple[str, int]]) -> dict[str, int]:
     """Records read per source partition, `topic[p]` -> count, from the per-partition counters of `read_metrics`."""
-    return {f"{t}[{p}]": int(values.get(f"records_{i}") or 0) for i, (t, p) in enumerate(partition_keys)}
+    return {str(TopicPartition(t, p)): int(values.get(f"records_{i}") or 0) for i, (t, p) in enumerate(partition_keys)}
 
 
 def planned_by_partition(ranges: list[OffsetRange]) -> dict[str, int]:
     """Offsets the ranges hold per source partition, `topic[p]` -> count: the most records a read of them returns."""
-    planned: dict[str, int] = {}
+    planned: Counter[str] = Counter()
     for r in ranges:
-        planned[f"{r.topic}[{r.partition}]"] = planned.get(f"{r.topic}[{r.partition}]", 0) + r.size
-    return planned
+        planned[str(r.tp)] += r.size
+    return dict(planned)
 
 
 def records_read(
@@ -389,7 +390,7 @@ def _records_by_partition(
         return exact
     started = time.monotonic()
     rows = _kafka_records(spark, spec, current.ranges, bootstrap_servers).groupBy("topic", "partition").count()
-    again = {f"{row['topic']}[{row['partition']}]": int(row["count"]) for row in rows.collect()}
+    again = {str(TopicPartition(row["topic"], row["partition"])): int(row["count"]) for row in rows.collect()}
     exact = records_read(observed, planned, again)
     assert exact is not None
     log.info("  %s of %s planned offsets were records (the rest: transaction markers, aborted or compacted "
