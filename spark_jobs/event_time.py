@@ -11,6 +11,8 @@ from typing import Any
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
+from microbatch.transform import batch_constant
+
 MICROS = 1_000_000
 
 
@@ -35,7 +37,8 @@ def with_late(checked: DataFrame, width_seconds: int, state: Mapping[str, Any]) 
     ended at or before the watermark its batch began with."""
     window_end_us = (F.floor(F.unix_seconds("event_time") / width_seconds) * width_seconds + width_seconds) * MICROS
     watermark = state.get("watermark_us")
-    late = F.lit(False) if watermark is None else F.coalesce(window_end_us <= F.lit(watermark), F.lit(False))
+    late = F.lit(False) if watermark is None else F.coalesce(window_end_us <= batch_constant(checked, watermark),
+                                                             F.lit(False))
     return checked.select("*", (F.col("error").isNull() & late).alias("late"))
 
 
