@@ -9,6 +9,10 @@ bench/spark_apps/stage_profile.py, which times each step as its own Spark action
 
     PYTHONPATH=include:. .venv/bin/python bench/stage_profile.py --records 1000000 --reps 3
     PYTHONPATH=include:. .venv/bin/python bench/stage_profile.py --records 1000000 --pairs 9 --contributions per_batch
+    PYTHONPATH=include:. .venv/bin/python bench/stage_profile.py --records 1000000 --pairs 8 --runs b2,c,cw,cw0,d
+
+With --cold, every run of every round is its own spark-submit instead, a cold JVM as a batch staged by spark-submit
+meets it; every round counts (--pairs 5 --cold: 5 cold runs of each).
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ from common import (
 )
 
 TOPIC = "bench_profile"
-PAIR_RUNS = ("b2", "b2o", "b2o1", "c", "cp", "d")
+PAIR_RUNS = ("b2", "b2o", "b2o1", "c", "cp", "cw", "cw0", "d")
 
 
 def main(argv: list[str]) -> int:
@@ -46,12 +50,14 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--pairs", type=int, default=0, help="rounds of b2, c and d alternated (goal 2) instead")
     parser.add_argument("--contributions", choices=["per_partition", "per_batch"], default="per_batch",
                         help="the sink's contributions in c's spec (with --pairs)")
+    parser.add_argument("--cold", action="store_true",
+                        help="with --pairs: each run of each round in its own spark-submit (a cold JVM)")
     parser.add_argument("--runs", default="b2,c,d",
-                        help="with --pairs: the runs of each round, of b2, b2o, b2o1, c, cp, d")
+                        help="with --pairs: the runs of each round, of b2, b2o, b2o1, c, cp, cw, cw0, d")
     args = parser.parse_args(argv)
     if args.pairs:
         if not {"b2", "c", "d"} <= set(args.runs.split(",")) or not set(args.runs.split(",")) <= set(PAIR_RUNS):
-            parser.error(f"--runs takes b2, c and d, and may add b2o, b2o1 and cp; got {args.runs!r}")
+            parser.error(f"--runs takes b2, c and d, and may add b2o, b2o1, cp, cw and cw0; got {args.runs!r}")
         return pairs(args, argv)
     n = args.records
     results: dict = {"machine": machine(), "args": vars(args)}
@@ -91,14 +97,26 @@ def pairs(args: argparse.Namespace, argv: list[str]) -> int:
         spec_dir = write_spec(stack.work_dir / "specs", [TOPIC], n, contributions=args.contributions)
         migrate_sinks(ledger, spec_dir)
         create_peer_tables(ledger)
-        events = stack.work_dir / "events"
-        run = spark_submit(APPS / "cpu_pairs.py", [str(ranges), str(args.pairs), args.runs],
-                           {"MICROBATCH_KAFKA_BOOTSTRAP": stack.bootstrap, "MICROBATCH_LEDGER_URL": ledger,
-                            "MICROBATCH_PIPELINES_DIR": str(spec_dir)},
-                           conf={"spark.sql.shuffle.partitions": "4", **event_logged(events)}, driver_memory="1g")
-        by_group = task_metrics_by_group(events)
-    wall = run.json_lines()[-1]["wall"]
-    names = tuple(args.runs.split(","))
+        env = {"MICROBATCH_KAFKA_BOOTSTRAP": stack.bootstrap, "MICROBATCH_LEDGER_URL": ledger,
+               "MICROBATCH_PIPELINES_DIR": str(spec_dir)}
+
+        def submit(rounds: int, runs: str, events: Path) -> list[dict[str, float]]:
+            run = spark_submit(APPS / "cpu_pairs.py", [str(ranges), str(rounds), runs], env,
+                               conf={"spark.sql.shuffle.partitions": "4", **event_logged(events)}, driver_memory="1g")
+            return run.json_lines()[-1]["wall"]
+
+        names = tuple(args.runs.split(","))
+        if not args.cold:
+            wall = submit(args.pairs, args.runs, stack.work_dir / "events")
+            by_group = task_metrics_by_group(stack.work_dir / "events")
+        else:  # each run in its own spark-submit, as a batch staged by spark-submit runs: a cold JVM every time
+            wall, by_group = [], {}
+            for i in range(args.pairs):
+                wall.append({})
+                for name in names[i % len(names):] + names[:i % len(names)]:
+                    wall[i].update(submit(1, name, stack.work_dir / "events" / f"{i}-{name}")[0])
+                    by_group[f"{i}:{name}"] = task_metrics_by_group(stack.work_dir / "events" / f"{i}-{name}")[
+                        f"0:{name}"]
 
     def per_round(metric: str) -> list[dict[str, float]]:
         return [{name: by_group.get(f"{i}:{name}", {}).get(metric, 0.0) for name in names} for i in range(args.pairs)]
@@ -108,32 +126,36 @@ def pairs(args: argparse.Namespace, argv: list[str]) -> int:
         if min(per_run.values()) <= 0:
             raise RuntimeError(f"round {i}: the event log holds no executor CPU for one of {names}: {per_run}")
     results.update(wall=wall, cpu=cpu, read_cpu=read_cpu, by_group=by_group)
-    steady = cpu[1:] or cpu  # round 0 warms the JIT
+    steady = cpu if args.cold else cpu[1:] or cpu  # round 0 warms the JIT of one application
+    steady_read = read_cpu if args.cold else read_cpu[1:] or read_cpu
     ratios = [r["c"] / r["d"] for r in steady]
     results["summary"] = {
         "cpu_us_per_record": {name: median([r[name] for r in steady]) * 1e6 / n for name in names},
-        "read_cpu_us_per_record": {name: median([r[name] for r in (read_cpu[1:] or read_cpu)]) * 1e6 / n
-                                   for name in names},
+        "wall_s": {name: median([r[name] for r in (wall if args.cold else wall[1:] or wall)]) for name in names},
+        "read_cpu_us_per_record": {name: median([r[name] for r in steady_read]) * 1e6 / n for name in names},
         "c_over_d_each_round": [round(x, 3) for x in ratios],
         "c_over_d_median": median(ratios),
         "rounds_c_below_d": sum(x < 1 for x in ratios),
         "c_over_b2_median": median([r["c"] / r["b2"] for r in steady]),
         "d_over_b2_median": median([r["d"] / r["b2"] for r in steady]),
         **{f"{name}_over_b2_median": median([r[name] / r["b2"] for r in steady])
-           for name in ("b2o", "b2o1", "cp") if name in names},
+           for name in ("b2o", "b2o1", "cp", "cw", "cw0") if name in names},
     }
     results["command"] = reproduce_command("stage_profile.py", argv)
-    path = write_results("cpu_pairs", results)
+    path = write_results("cpu_cold" if args.cold else "cpu_pairs", results)
+    where = "each in its own spark-submit" if args.cold else "in one application"
     print_table(f"Executor CPU per run, {n:,} records over {args.partitions} partitions, {args.pairs} rounds of "
-                f"{', '.join(names)} alternated in one application (c: contributions {args.contributions})",
+                f"{', '.join(names)} alternated {where} "
+                f"(c: contributions {args.contributions})",
                 ["round", *[f"{name} CPU s" for name in names], "c / d", *[f"{name} wall s" for name in names]],
                 [[i, *[r[name] for name in names], r["c"] / r["d"], *[wall[i][name] for name in names]]
                  for i, r in enumerate(cpu)])
     summary = results["summary"]
-    print_table(f"Medians of rounds 2..{args.pairs} (round 1 warms the JIT)",
-                ["run", "executor CPU µs/record", "of it in the tasks that read Kafka"],
-                [[name, summary["cpu_us_per_record"][name], summary["read_cpu_us_per_record"][name]]
-                 for name in names])
+    print_table(f"Medians of rounds 1..{args.pairs}, every run in a cold JVM" if args.cold else
+                f"Medians of rounds 2..{args.pairs} (round 1 warms the JIT)",
+                ["run", "executor CPU µs/record", "of it in the tasks that read Kafka", "wall s"],
+                [[name, summary["cpu_us_per_record"][name], summary["read_cpu_us_per_record"][name],
+                  summary["wall_s"][name]] for name in names])
     print(f"c/d executor CPU, each round: {summary['c_over_d_each_round']}; median {summary['c_over_d_median']}; "
           f"c below d in {summary['rounds_c_below_d']} of {len(ratios)} rounds")
     print(f"results: {path}\nreproduce: {results['command']}")

@@ -12,7 +12,10 @@ MICROBATCH_PIPELINES_DIR (the ip_count spec whose stage c runs).
   counts, the job's outputs, the sink's staged rows (summed per key with `contributions: per_batch`), the tags, and
   the JDBC write into the sink's staging table with its row count. No ledger row is touched. It observes the
   total read, which on these dense ranges gives the exact count per partition; cp: the same with one counter per
-  partition, as a pipeline whose last read had holes (transaction markers) counts.
+  partition, as a pipeline whose last read had holes (transaction markers) counts; cw: c with a watermark in the
+  state that moves on every round, as event time moves a live pipeline's watermark from batch to batch; cw0: c with
+  the same watermark every round (cw - cw0 is what a new watermark costs a batch: nothing once Spark reuses its
+  generated code, `microbatch.transform.batch_constant`).
 - d: `peer_stream.stage_rows`, the peer's foreachBatch body, on a batch read of the same ranges (the streaming
   read and the batch read hand Spark the same Kafka reader; only the query around it differs).
 
@@ -47,6 +50,7 @@ from microbatch.phases.stage import (
 from microbatch.types import OffsetRange
 
 RUNS = ("b2", "c", "d")
+WATERMARK_US = 1_700_000_000_000_000  # 2023-11-14, before every record: none is late
 
 
 def main(argv: list[str]) -> int:
@@ -60,9 +64,9 @@ def main(argv: list[str]) -> int:
     jdbc = jdbc_options(ledger)
     keep_observed_metrics(spark)
 
-    def c(round_no: int, count_partitions: bool = False) -> None:
-        attempt = _Attempt(1, round_no + 1, ranges, {}, count_partitions)
-        parsed = job.parse(_read_ranges(spark, spec, ranges, bootstrap), spec.job.options, {})
+    def c(round_no: int, count_partitions: bool = False, state: dict | None = None) -> None:
+        attempt = _Attempt(1, round_no + 1, ranges, state or {}, count_partitions)
+        parsed = job.parse(_read_ranges(spark, spec, ranges, bootstrap), spec.job.options, state or {})
         _stage_outputs(spec, job, parsed, attempt, jdbc, ledger)
 
     def d(round_no: int) -> None:
@@ -71,6 +75,8 @@ def main(argv: list[str]) -> int:
 
     work = {"b2": lambda _: run_bare_job(spark, ranges, bootstrap), "c": c, "d": d,
             "cp": lambda round_no: c(round_no, count_partitions=True),
+            "cw": lambda round_no: c(round_no, state={"watermark_us": WATERMARK_US + round_no * 1_000_000}),
+            "cw0": lambda round_no: c(round_no, state={"watermark_us": WATERMARK_US}),
             "b2o": lambda round_no: run_bare_job(spark, ranges, bootstrap, Observation(f"b2o_{round_no}")),
             "b2o1": lambda round_no: run_bare_job(spark, ranges, bootstrap, Observation(f"b2o1_{round_no}"),
                                                   only_count=True)}
