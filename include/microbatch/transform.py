@@ -51,7 +51,7 @@ def batch_constant(df: DataFrame, value: int) -> Column:
     Spark reads at run time.
 
     `F.lit(value)` would be compiled into Spark's generated code for the records, so each batch with a new value
-    compiled that code anew and ran it cold until the JIT warmed it again: 0.25 s more per batch of 1M records,
+    compiled that code anew and ran it cold until the JIT warmed it again: 0.22 s more per batch of 1M records,
     and 0.16 µs more executor CPU per record (`bench/stage_profile.py --pairs`, runs cw and cw0). Held in an array
     in a one-row VALUES subquery, the value reaches the generated code as a reference, so that code is the same
     in every batch and Spark reuses it."""
