@@ -126,13 +126,15 @@ def pairs(args: argparse.Namespace, argv: list[str]) -> int:
         if min(per_run.values()) <= 0:
             raise RuntimeError(f"round {i}: the event log holds no executor CPU for one of {names}: {per_run}")
     results.update(wall=wall, cpu=cpu, read_cpu=read_cpu, by_group=by_group)
-    steady = cpu if args.cold else cpu[1:] or cpu  # round 0 warms the JIT of one application
-    steady_read = read_cpu if args.cold else read_cpu[1:] or read_cpu
+    def counted(per_round: list) -> list:  # cold: every round; in one application, round 0 warms the JIT
+        return per_round if args.cold else per_round[1:] or per_round
+
+    steady = counted(cpu)
     ratios = [r["c"] / r["d"] for r in steady]
     results["summary"] = {
         "cpu_us_per_record": {name: median([r[name] for r in steady]) * 1e6 / n for name in names},
-        "wall_s": {name: median([r[name] for r in (wall if args.cold else wall[1:] or wall)]) for name in names},
-        "read_cpu_us_per_record": {name: median([r[name] for r in steady_read]) * 1e6 / n for name in names},
+        "wall_s": {name: median([r[name] for r in counted(wall)]) for name in names},
+        "read_cpu_us_per_record": {name: median([r[name] for r in counted(read_cpu)]) * 1e6 / n for name in names},
         "c_over_d_each_round": [round(x, 3) for x in ratios],
         "c_over_d_median": median(ratios),
         "rounds_c_below_d": sum(x < 1 for x in ratios),
