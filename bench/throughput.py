@@ -396,6 +396,37 @@ RATIOS = [
 ]
 
 
+# A run of batches next to the peer's: microbatch's Spark jobs (without their commits), the peer's foreachBatch
+# (its job and its merge) and the bare job's; then what each pays outside them.
+BATCH_RUNS = [("c_microbatch_split_run_pb", "d_peer_split", "b2_bare_job_split"),
+              ("c_microbatch_split_run", "d_peer_split", "b2_bare_job_split")]
+
+
+def where_batches_go(runs: dict[str, list[dict]]) -> list[list[object]]:
+    """Rows (run, batches, Spark jobs, commits, plans, the wall outside them, wall), medians of the reps in s, for
+    each run of batches of BATCH_RUNS whose reps timed each batch, followed by its peer and bare job."""
+    rows: list[list[object]] = []
+    shown: set[str] = set()
+    for keys in BATCH_RUNS:
+        if keys[0] not in runs:
+            continue
+        for key in keys:
+            timed = [r for r in runs.get(key, []) if len(r.get("batch_job_s", [])) > 1]
+            if not timed or key in shown:
+                continue
+            shown.add(key)
+            jobs = median([sum(r["batch_job_s"]) for r in timed])
+            commits = median([r.get("commit_s", 0.0) for r in timed])
+            plans = median([r.get("plan_s", 0.0) for r in timed])
+            outside = median([r["wall_s"] - sum(r["batch_job_s"]) - r.get("commit_s", 0.0) - r.get("plan_s", 0.0)
+                              for r in timed])
+            own = "commit_s" in timed[0]  # the peer commits inside its batches; the bare job does not commit
+            rows.append([key, median([len(r["batch_job_s"]) for r in timed]), round(jobs, 2),
+                         round(commits, 2) if own else "-", round(plans, 2) if own else "-", round(outside, 2),
+                         median([r["wall_s"] for r in timed])])
+    return rows
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--records", type=int, default=200_000)
@@ -483,6 +514,7 @@ def main(argv: list[str]) -> int:
                                    median([median(x[1:]) for x in lists]), median([sum(x) for x in lists]),
                                    median([r["wall_s"] - sum(r["batch_job_s"]) for r in timed])])
     results["first_batch_and_the_rest"] = first_and_rest
+    results["where_batches_go"] = where_batches_go(runs)
     if "c_connect_1_batch" in runs:
         results["phases_c_connect_median"] = {k: median([r[k] for r in runs["c_connect_1_batch"]])
                                               for k in phase_keys}
@@ -508,6 +540,10 @@ def main(argv: list[str]) -> int:
     print_table("Each batch's Spark job in a run of batches (medians, s; the peer's: its foreachBatch, merge included)",
                 ["run", "batches", "first batch", "each later batch", "all batches", "wall outside them"],
                 first_and_rest)
+    print_table("A run of batches against the peer's (medians, s): the Spark jobs (the peer's with its merges), "
+                "and what each pays outside them", ["run", "batches", "Spark jobs", "commits", "plans",
+                                                    "driver outside them (JVM and Spark start, imports, ledger)",
+                                                    "wall"], results["where_batches_go"])
     print_table("Peak RSS, MB (max over runs)", ["process", "MB"], [[k, v] for k, v in sorted(peak.items())])
     by_size = [[f"{key} ({n // runs[key][0]['batches']:,} records per batch)",
                 median([r["peak_rss_mb"].get("stage_jvm", 0) for r in runs[key]]),
