@@ -402,6 +402,12 @@ BATCH_RUNS = [("c_microbatch_split_run_pb", "d_peer_split", "b2_bare_job_split")
               ("c_microbatch_split_run", "d_peer_split", "b2_bare_job_split")]
 
 
+def timed_reps(runs: dict[str, list[dict]], key: str) -> list[dict]:
+    """The reps of `key` that timed each of several batches (none for the peer over Connect, whose foreachBatch
+    runs in the server)."""
+    return [r for r in runs.get(key, []) if len(r.get("batch_job_s", [])) > 1]
+
+
 def where_batches_go(runs: dict[str, list[dict]]) -> list[list[object]]:
     """Rows (run, batches, Spark jobs, commits, plans, the wall outside them, wall), medians of the reps in s, for
     each run of batches of BATCH_RUNS whose reps timed each batch, followed by its peer and bare job."""
@@ -411,7 +417,7 @@ def where_batches_go(runs: dict[str, list[dict]]) -> list[list[object]]:
         if keys[0] not in runs:
             continue
         for key in keys:
-            timed = [r for r in runs.get(key, []) if len(r.get("batch_job_s", [])) > 1]
+            timed = timed_reps(runs, key)
             if not timed or key in shown:
                 continue
             shown.add(key)
@@ -507,7 +513,7 @@ def main(argv: list[str]) -> int:
     first_and_rest = []
     for key in ("b2_bare_job_split", "d_peer_split", "c_microbatch_split_run", "c_microbatch_split_run_pb",
                 "b2_connect_bare_job_split", "c_connect_split_warm_run_pb"):
-        timed = [r for r in runs.get(key, []) if len(r["batch_job_s"]) > 1]  # none for the peer over Connect
+        timed = timed_reps(runs, key)
         if timed:
             lists = [r["batch_job_s"] for r in timed]
             first_and_rest.append([key, median([len(x) for x in lists]), median([x[0] for x in lists]),
