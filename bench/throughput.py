@@ -396,12 +396,6 @@ RATIOS = [
 ]
 
 
-# A run of batches next to the peer's: microbatch's Spark jobs (without their commits), the peer's foreachBatch
-# (its job and its merge) and the bare job's; then what each pays outside them.
-BATCH_RUNS = [("c_microbatch_split_run_pb", "d_peer_split", "b2_bare_job_split"),
-              ("c_microbatch_split_run", "d_peer_split", "b2_bare_job_split")]
-
-
 def timed_reps(runs: dict[str, list[dict]], key: str) -> list[dict]:
     """The reps of `key` that timed each of several batches (none for the peer over Connect, whose foreachBatch
     runs in the server)."""
@@ -409,27 +403,23 @@ def timed_reps(runs: dict[str, list[dict]], key: str) -> list[dict]:
 
 
 def where_batches_go(runs: dict[str, list[dict]]) -> list[list[object]]:
-    """Rows (run, batches, Spark jobs, commits, plans, the wall outside them, wall), medians of the reps in s, for
-    each run of batches of BATCH_RUNS whose reps timed each batch, followed by its peer and bare job."""
+    """A run of batches next to the peer's and the bare job's: rows (run, batches, Spark jobs, commits, plans, the
+    wall outside them, wall), medians of the reps in s. microbatch's Spark jobs exclude its commits; the peer's
+    foreachBatch includes its merge, and the bare job does not commit."""
     rows: list[list[object]] = []
-    shown: set[str] = set()
-    for keys in BATCH_RUNS:
-        if keys[0] not in runs:
+    for key in ("c_microbatch_split_run_pb", "c_microbatch_split_run", "d_peer_split", "b2_bare_job_split"):
+        timed = timed_reps(runs, key)
+        if not timed:
             continue
-        for key in keys:
-            timed = timed_reps(runs, key)
-            if not timed or key in shown:
-                continue
-            shown.add(key)
-            jobs = median([sum(r["batch_job_s"]) for r in timed])
-            commits = median([r.get("commit_s", 0.0) for r in timed])
-            plans = median([r.get("plan_s", 0.0) for r in timed])
-            outside = median([r["wall_s"] - sum(r["batch_job_s"]) - r.get("commit_s", 0.0) - r.get("plan_s", 0.0)
-                              for r in timed])
-            own = "commit_s" in timed[0]  # the peer commits inside its batches; the bare job does not commit
-            rows.append([key, median([len(r["batch_job_s"]) for r in timed]), round(jobs, 2),
-                         round(commits, 2) if own else "-", round(plans, 2) if own else "-", round(outside, 2),
-                         median([r["wall_s"] for r in timed])])
+        own = "commit_s" in timed[0]  # only microbatch's runs time their commits and plans
+        commits = median([r.get("commit_s", 0.0) for r in timed])
+        plans = median([r.get("plan_s", 0.0) for r in timed])
+        outside = median([r["wall_s"] - sum(r["batch_job_s"]) - r.get("commit_s", 0.0) - r.get("plan_s", 0.0)
+                          for r in timed])
+        rows.append([key, median([len(r["batch_job_s"]) for r in timed]),
+                     round(median([sum(r["batch_job_s"]) for r in timed]), 2),
+                     round(commits, 2) if own else "-", round(plans, 2) if own else "-", round(outside, 2),
+                     median([r["wall_s"] for r in timed])])
     return rows
 
 
