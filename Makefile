@@ -26,7 +26,8 @@ demo: jars
 
 test: jars browser prometheus docs
 	$(PY) -m ruff check .
-	$(PY) -m pytest -p no:cacheprovider --timeout=900 --durations=15 tests
+	mkdir -p .cache/test-report
+	$(PY) -m pytest -p no:cacheprovider --timeout=900 --durations=0 --junitxml=.cache/test-report/junit.xml tests $(PYTEST_ARGS) | tee .cache/test-report/pytest.log; exit $${PIPESTATUS[0]}
 
 # Debian's chromium, for the browser test of the ledger page (Playwright drives it; no browser download).
 browser:
