@@ -27,7 +27,8 @@ demo: jars
 test: jars browser prometheus docs
 	$(PY) -m ruff check .
 	mkdir -p .cache/test-report
-	$(PY) -m pytest -p no:cacheprovider --timeout=900 --durations=0 --junitxml=.cache/test-report/junit.xml tests $(PYTEST_ARGS) | tee .cache/test-report/pytest.log; exit $${PIPESTATUS[0]}
+	MICROBATCH_FIXTURE_REPORT=.cache/test-report/fixtures.json $(PY) -m pytest -p no:cacheprovider --timeout=900 --durations=0 --junitxml=.cache/test-report/junit.xml tests $(PYTEST_ARGS) | tee .cache/test-report/pytest.log; status=$${PIPESTATUS[0]}; \
+		$(PY) tests/durations.py .cache/test-report --top 15 || true; exit $$status
 
 # Debian's chromium, for the browser test of the ledger page (Playwright drives it; no browser download).
 browser:

@@ -1,12 +1,17 @@
-"""Shared fixtures: a real PostgreSQL and a real Kafka broker on loopback, started once per session.
+"""Shared fixtures: a real PostgreSQL, a real Kafka broker and a token-protected Spark Connect server on loopback,
+each started once per session, and one Airflow home whose metadata DB is migrated once.
 
-Nothing here is mocked. Each test that needs a ledger gets a fresh database migrated by Alembic.
+Nothing here is mocked. Each test that needs a ledger gets a fresh database migrated by Alembic, and its own
+topics and pipeline specs; the pipelines of the e2e tests stage through the shared Connect server (the shipped
+`spark.mode: auto` with MICROBATCH_SPARK_REMOTE set, as on the local stack) unless spark-submit is the subject.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -46,6 +51,21 @@ def kafka(work_dir: Path) -> Iterator[object]:
     broker.stop()
 
 
+@pytest.fixture(scope="session")
+def spark_connect(work_dir: Path) -> Iterator[object]:
+    """One Spark Connect server for the suite, with a token as the local stack's (`make connect`); tests that kill
+    or restart a server start one of their own."""
+    import secrets
+
+    from microbatch.dev.spark import SparkConnectServer
+
+    server = SparkConnectServer(work_dir / "connect", master="local[2]", driver_memory="2g",
+                                token=secrets.token_hex(24))
+    server.start()
+    yield server
+    server.stop()
+
+
 @pytest.fixture
 def ledger_url(postgres) -> str:
     """A fresh, migrated ledger database for one test."""
@@ -69,8 +89,11 @@ def topic(kafka) -> str:
 
 
 @pytest.fixture
-def service_env(ledger_url: str, kafka, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
-    env = {"MICROBATCH_LEDGER_URL": ledger_url, "MICROBATCH_KAFKA_BOOTSTRAP": kafka.bootstrap_servers}
+def service_env(ledger_url: str, kafka, spark_connect, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+    """The connections of a pipeline run: the test's ledger, the broker, and the suite's Spark Connect server
+    (a spec in `spark.mode: auto` or `connect` stages there; one in `submit` ignores it)."""
+    env = {"MICROBATCH_LEDGER_URL": ledger_url, "MICROBATCH_KAFKA_BOOTSTRAP": kafka.bootstrap_servers,
+           "MICROBATCH_SPARK_REMOTE": spark_connect.remote}
     for key, value in env.items():
         monkeypatch.setenv(key, value)
     return env
@@ -81,3 +104,25 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     order = {"unit": 0, "integration": 1, "e2e": 2, "chaos": 3}
     items.sort(key=lambda item: order.get(Path(item.fspath).parent.name, 9))
 
+
+
+# Seconds spent setting up each fixture, by name, for tests/durations.py (with the JUnit XML of `make test`).
+FIXTURE_SECONDS: dict[str, float] = {}
+FIXTURE_REPORT_ENV = "MICROBATCH_FIXTURE_REPORT"
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_fixture_setup(fixturedef: pytest.FixtureDef, request: pytest.FixtureRequest) -> Iterator[object]:
+    started = time.monotonic()
+    try:
+        return (yield)
+    finally:
+        name = f"{fixturedef.argname} ({fixturedef.scope})"
+        FIXTURE_SECONDS[name] = FIXTURE_SECONDS.get(name, 0.0) + time.monotonic() - started
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    target = os.environ.get(FIXTURE_REPORT_ENV)
+    if target:
+        Path(target).parent.mkdir(parents=True, exist_ok=True)
+        Path(target).write_text(json.dumps(FIXTURE_SECONDS, indent=1, sort_keys=True))

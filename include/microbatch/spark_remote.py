@@ -1,22 +1,29 @@
 """The Spark Connect remote of a pipeline in `spark.mode: connect`: where it is, how it is shown in logs
 (never with its token), the one-sentence error when the server cannot be reached, and which server-side
-session a stage task reattaches to.
+session a stage task reattaches to, and how long its client retries a server that went away.
 
-No pyspark here: the stage task checks the server before it opens a Connect session, because the
-Connect client retries an unreachable server for about ten minutes before it gives up.
+No pyspark at import (only `connect_retry_policy` imports it): the stage task checks the server before it opens a
+Connect session, because even the bounded retries (`CONNECT_RETRY`) wait up to a minute for an unreachable server.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import math
 import socket
 import uuid
 from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Protocol
 from urllib.parse import urlsplit
 
 from microbatch.errors import ConnectionSettingsError, TransientServiceError
 from microbatch.settings import SPARK_CONNECT_DEFAULT_PORT, SPARK_REMOTE_ENV
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+    from pyspark.sql.connect.client.retries import RetryPolicy
 
 START_HINT = ("Start it (`make connect`, or `python -m microbatch.dev.stack connect`; on a Spark host "
               "`start-connect-server.sh`)")
@@ -101,3 +108,78 @@ def is_unavailable(exc: BaseException) -> bool:
     """Whether a Connect client failure means the server went away (gRPC UNAVAILABLE after the retries)."""
     text = str(exc)
     return "StatusCode.UNAVAILABLE" in text or "failed to connect to all addresses" in text
+
+
+class RetryParameters(Protocol):
+    """The parameters of a Connect client retry policy, named as pyspark's `RetryPolicy` names them (times in ms)."""
+
+    @property
+    def max_retries(self) -> int | None: ...
+    @property
+    def initial_backoff(self) -> int: ...
+    @property
+    def max_backoff(self) -> int | None: ...
+    @property
+    def backoff_multiplier(self) -> float: ...
+    @property
+    def jitter(self) -> int: ...
+    @property
+    def min_jitter_threshold(self) -> int: ...
+    @property
+    def recognize_server_retry_delay(self) -> bool: ...
+    @property
+    def max_server_retry_delay(self) -> int | None: ...
+
+
+@dataclass(frozen=True)
+class ConnectRetry:
+    """How every Connect session microbatch opens retries a failed call, in the terms (and milliseconds) of
+    pyspark's `DefaultPolicy`, which keeps choosing what to retry (UNAVAILABLE, a preempted cursor, a server's
+    RetryInfo). pyspark's own defaults (15 retries, backoff up to 60 s, a server may ask for 10 min) kept a stage
+    whose server had died silent for about ten minutes; these give up after at most `retry_wait_bound` = 46 s of
+    backoff (32.5 s when the server is simply gone), and a server's RetryInfo can ask for at most 5 s a retry."""
+
+    max_retries: int = 6
+    initial_backoff: int = 500
+    max_backoff: int = 15_000
+    backoff_multiplier: float = 2.0
+    jitter: int = 500
+    min_jitter_threshold: int = 2_000
+    recognize_server_retry_delay: bool = True
+    max_server_retry_delay: int = 5_000
+
+
+CONNECT_RETRY = ConnectRetry()
+
+
+def retry_wait_bound(policy: RetryParameters) -> float:
+    """The most seconds a call retried under `policy` sleeps before it gives up: pyspark's backoff (the first
+    wait is `initial_backoff` even above `max_backoff`), each wait raised to the longest delay a server may ask
+    for, plus the whole jitter on every wait from `min_jitter_threshold` on. Infinite if nothing bounds it."""
+    if policy.max_retries is None or (policy.recognize_server_retry_delay and policy.max_server_retry_delay is None):
+        return math.inf
+    total, wait = 0.0, float(policy.initial_backoff)
+    for _ in range(policy.max_retries):
+        this = wait
+        if policy.max_backoff is not None:
+            wait = min(float(policy.max_backoff), wait * policy.backoff_multiplier)
+        if policy.recognize_server_retry_delay and policy.max_server_retry_delay is not None:
+            this = max(this, float(policy.max_server_retry_delay))
+        if this >= policy.min_jitter_threshold:
+            this += policy.jitter
+        total += this
+    return total / 1000
+
+
+def connect_retry_policy(params: ConnectRetry = CONNECT_RETRY) -> RetryPolicy:
+    """pyspark's `DefaultPolicy` with `params` (imports pyspark)."""
+    from pyspark.sql.connect.client.retries import DefaultPolicy
+
+    return DefaultPolicy(**asdict(params))
+
+
+def bound_retries(spark: SparkSession) -> None:
+    """Make the Connect client of `spark` retry under `CONNECT_RETRY`. Call it right after `builder.create()`:
+    create() sends no call (the gRPC channel connects on the first one), so every call of the session, up to the
+    ReleaseSession of its `stop()`, retries under this policy."""
+    spark.client.set_retry_policies([connect_retry_policy()])

@@ -171,11 +171,11 @@ class Harness:
         create_topic(self.bootstrap, SOURCE, self.partitions)
         if self.pipeline == "clicks":
             specs = write_clicks_test_spec(self.work / "pipelines", SOURCE, self.batch_size,
-                                           bootstrap=self.bootstrap)
+                                           bootstrap=self.bootstrap, spark_mode="submit")
             dags = pipeline_dag_folder(self.work, self.pipeline)  # the shipped dags/ would load ip_count too
         else:
             specs = write_test_spec(self.work / "pipelines", SOURCE, self.batch_size,
-                                    bootstrap=self.bootstrap)
+                                    bootstrap=self.bootstrap, spark_mode="submit")
             dags = {}
         self.output = f"{SOURCE}_out"
         self.env = {

@@ -1,14 +1,24 @@
-"""Crash recovery with real process deaths (os._exit and SIGKILL) at every failpoint of the path.
+"""Crash recovery with real process deaths (os._exit and SIGKILL) at every failpoint of ip_count's stage and commit.
 
-Each case arms one failpoint for one firing, runs the ip_count DAG (dag.test in its own
-process, real spark-submit), lets Airflow retry or starts the next run when the whole
-process died, and then proves exactly-once: the sink equals an independent recount of
-the input, dead letters equal the malformed lines, and the ledger has no hole or overlap.
+Each test arms several failpoints at once, each firing once (marker files), and starts `microbatch run` again
+after every death until it exits 0: one pipeline dies at each point in turn and recovers each time. Then exactly-once
+is proven against an independent recount of the input (the sink, the late records, the dead letters, the published
+final windows), the ledger has no hole or overlap (`microbatch verify`), no staged row is left behind, and every
+batch starts from the state the one before it left.
+
+- In Spark Connect mode (the shipped default on one machine, the suite's shared token-protected server) the stage
+  task runs in the runner's own process: `stage.after_write` and `stage.after_staged` kill the runner, while
+  `stage.read` kills a Python worker of the shared server mid-read, and the stage task is retried in the same run.
+- In spark-submit mode the stage's points kill the spark-submit driver (or its Python worker) and Airflow retries
+  the stage in the same run: the driver deaths are where the two modes differ, so they run in both.
+- The commit's points run in the runner in both modes; they run here in Connect mode only.
+The publisher's points are test_row_sinks_crash_points.py's and tests/integration/test_publisher.py's.
 """
 
 from __future__ import annotations
 
 import itertools
+from pathlib import Path
 
 import pytest
 import yaml
@@ -21,122 +31,140 @@ from tests.e2e.helpers import assert_exactly_once, cli, run_pipeline, write_test
 
 pytestmark = pytest.mark.chaos
 
-CASES = {
-    # name: (failpoint, where it kills, does the dag.test process itself die?)
-    "seeds_fail_after_7_records": ("stage.read=7", "the Spark Python worker, mid-read", False),
-    "after_staging": ("stage.after_write", "the spark-submit driver, staged rows written", False),
-    "after_staged_sigkill": ("stage.after_staged=kill", "the spark-submit driver, batch marked staged", False),
-    "inside_commit_before_commit": ("commit.before_commit", "the commit task, transaction open", True),
-    "inside_commit_sigkill": ("commit.before_commit=kill", "the commit task, transaction open", True),
-    "after_commit_before_return": ("commit.after_commit", "the commit task, after COMMIT", True),
-}
-
-
-# Every case with the default contributions per source partition, and the stage's and the commit's deaths again
-# with `contributions: per_batch` (the stage then sums the job's rows per key; the commit keeps one per batch).
-RUNS = [*((case, "per_partition") for case in CASES), ("after_staging", "per_batch"),
-        ("inside_commit_sigkill", "per_batch")]
+READ_LIMIT = 7  # the seeds' "fail after 7 records": a Python worker dies mid-read
+BATCH = 500  # 3,000 lines in batches of 500, three batches per run: two runs of three
+# The batches left open when the runner dies at each point in Connect mode, in the order they fire: the stage
+# dies inside the run's first batch (three open), the commit before the first batch's COMMIT (three open) and
+# after it (two open).
+RUNNER_POINTS = {"stage.after_write": 3, "stage.after_staged": 3, "commit.before_commit": 3,
+                 "commit.after_commit": 2}
 PER_BATCH_TABLE = "ip_counts_by_batch"
 
 
-def per_batch_spec(specs, env: dict[str, str]) -> str:
-    """Switch the test spec's aggregate sink to `contributions: per_batch` on a table of its own (the ledger's
-    `ip_counts` keeps them per partition) and create it with `microbatch migrate`; the table's name."""
+def read_point(mode: str) -> str:
+    return f"stage.read={READ_LIMIT}" + (":kill" if mode == "kill" else "")
+
+
+def arm(points: list[str], mode: str) -> str:
+    return ",".join(point + ("=kill" if mode == "kill" else "") for point in points)
+
+
+def open_batches(url: str) -> int:
+    with transaction(url) as session:
+        return session.execute(text("SELECT count(*) FROM batches WHERE state IN ('planned', 'staged')")).scalar_one()
+
+
+def fired(markers: Path) -> set[str]:
+    return {p.name for p in markers.iterdir()} if markers.exists() else set()
+
+
+def run_through_deaths(env: dict[str, str], armed: dict[str, str], markers: Path, ledger_url: str, mode: str,
+                       left_open: dict[str, int], logs: Path) -> list[str]:
+    """`microbatch run` again after every death until it exits 0. Each death must be by the armed mode, fire exactly
+    one new runner point, and leave that point's open batches. The points in the order they killed the runner."""
+    order: list[str] = []
+    for attempt in range(len(left_open) + 2):
+        before = fired(markers)
+        result = run_pipeline(env, max_runs=6, extra_env=armed)
+        (logs / f"run{attempt}.log").write_text(result.stdout + result.stderr)
+        if result.returncode == 0:
+            return order
+        assert result.returncode == (EXIT_CODE if mode == "exit" else -9), \
+            f"run {attempt} exited {result.returncode}:\n{result.stdout[-3000:]}{result.stderr[-2000:]}"
+        new = sorted(fired(markers) - before - {"stage.read"})
+        assert len(new) == 1 and new[0] in left_open, (new, result.stdout[-3000:])
+        assert open_batches(ledger_url) == left_open[new[0]], new[0]
+        order.append(new[0])
+    pytest.fail(f"the pipeline never caught up after {len(order)} deaths; logs in {logs}")
+
+
+def assert_batches_chain(ledger_url: str, batches: int, runs: int) -> None:
+    """`batches` committed in `runs` DAG runs, each from the state the one before it left; no staged row left."""
+    with transaction(ledger_url) as session:
+        rows = session.execute(text(
+            "SELECT id, airflow_run_id, state_before, state_after FROM batches WHERE state = 'committed' ORDER BY id"
+        )).all()
+        assert session.execute(text("SELECT count(*) FROM stage_ip_counts")).scalar_one() == 0
+    assert len(rows) == batches, rows
+    assert len({b.airflow_run_id for b in rows}) == runs, "runs of three batches each"
+    for before, after in itertools.pairwise(rows):
+        assert after.state_before == before.state_after, (before, after)
+
+
+@pytest.mark.parametrize("mode", ["exit", "kill"])
+def test_every_stage_and_commit_point_in_turn_through_spark_connect(mode, service_env, topic, kafka, ledger_url,
+                                                                     tmp_path):
+    specs = write_test_spec(tmp_path / "pipelines", topic, max_records=BATCH, bootstrap=kafka.bootstrap_servers,
+                            batches_per_run=3)
+    env = {**service_env, "MICROBATCH_PIPELINES_DIR": str(specs)}
+    lines = generate_lines(3_000, ips=25, span_seconds=60, out_of_order=0.1, malformed=0.03,
+                           seed=3 if mode == "exit" else 4)
+    coords = produce_lines(kafka.bootstrap_servers, topic, lines)
+    # As in the seeds: a run of batches commits first, then the job dies after 7 records of the next one.
+    first = run_pipeline(env, max_runs=1)
+    assert first.returncode == 0, first.stdout[-2000:] + first.stderr[-2000:]
+
+    markers = tmp_path / "fired"
+    armed = {FAILPOINTS_ENV: ",".join([read_point(mode), arm(list(RUNNER_POINTS), mode)]),
+             FAILPOINT_DIR_ENV: str(markers)}
+    order = run_through_deaths(env, armed, markers, ledger_url, mode, RUNNER_POINTS, tmp_path)
+    assert order == list(RUNNER_POINTS), order
+    assert fired(markers) == {"stage.read", *RUNNER_POINTS}
+    with transaction(ledger_url) as session:  # the worker's death was retried within the run: a second attempt
+        assert session.execute(text("SELECT max(attempt) FROM batches")).scalar_one() >= 2
+
+    assert_exactly_once(ledger_url, env, lines, coords, f"{topic}_out")
+    assert_batches_chain(ledger_url, batches=6, runs=2)
+
+
+def test_spark_submit_driver_and_worker_deaths_are_retried_within_the_run(service_env, topic, kafka, ledger_url,
+                                                                          tmp_path):
+    """spark-submit: the Python worker dies mid-read (SIGKILL), then the driver after writing its staged rows
+    (os._exit), then the driver between two batches of the run (SIGKILL); Airflow retries the stage each time,
+    and the one `microbatch run` ends exactly once."""
+    specs = write_test_spec(tmp_path / "pipelines", topic, max_records=BATCH, bootstrap=kafka.bootstrap_servers,
+                            batches_per_run=3, spark_mode="submit")
+    env = {**service_env, "MICROBATCH_PIPELINES_DIR": str(specs)}
+    lines = generate_lines(3_000, ips=25, span_seconds=60, out_of_order=0.1, malformed=0.03, seed=5)
+    coords = produce_lines(kafka.bootstrap_servers, topic, lines)
+
+    markers = tmp_path / "fired"
+    armed = {FAILPOINTS_ENV: f"{read_point('kill')},stage.after_write,stage.after_staged=kill",
+             FAILPOINT_DIR_ENV: str(markers)}
+    result = run_pipeline(env, max_runs=6, extra_env=armed)
+    (tmp_path / "run.log").write_text(result.stdout + result.stderr)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert fired(markers) == {"stage.read", "stage.after_write", "stage.after_staged"}
+    with transaction(ledger_url) as session:
+        assert session.execute(text("SELECT max(attempt) FROM batches")).scalar_one() >= 4  # three deaths
+
+    assert_exactly_once(ledger_url, env, lines, coords, f"{topic}_out")
+    assert_batches_chain(ledger_url, batches=6, runs=2)
+
+
+def test_per_batch_contributions_through_stage_and_commit_deaths(service_env, topic, kafka, ledger_url, tmp_path):
+    """`contributions: per_batch` (the stage sums the job's rows per key; the commit keeps one per batch): the
+    stage dies after writing its staged rows and the commit inside its open transaction, by SIGKILL."""
+    specs = write_test_spec(tmp_path / "pipelines", topic, max_records=1500, bootstrap=kafka.bootstrap_servers)
+    env = {**service_env, "MICROBATCH_PIPELINES_DIR": str(specs)}
     path = specs / "ip_count.yaml"
     spec = yaml.safe_load(path.read_text())
     spec["sinks"][0].update(table=PER_BATCH_TABLE, contributions="per_batch")
     path.write_text(yaml.safe_dump(spec))
     migrated = cli(env, "migrate")
     assert migrated.returncode == 0, migrated.stdout + migrated.stderr
-    return PER_BATCH_TABLE
-
-
-@pytest.mark.parametrize(("case", "contributions"), RUNS)
-def test_crash_then_recover_exactly_once(case, contributions, service_env, topic, kafka, ledger_url, tmp_path):
-    failpoint, _, kills_runner = CASES[case]
-    specs = write_test_spec(tmp_path / "pipelines", topic, max_records=1500, bootstrap=kafka.bootstrap_servers)
-    env = {**service_env, "MICROBATCH_PIPELINES_DIR": str(specs)}
-    table = per_batch_spec(specs, env) if contributions == "per_batch" else "ip_counts"
-    lines = generate_lines(3_000, ips=25, span_seconds=60, out_of_order=0.1, malformed=0.03, seed=len(case))
+    lines = generate_lines(3_000, ips=25, span_seconds=60, out_of_order=0.1, malformed=0.03, seed=6)
     coords = produce_lines(kafka.bootstrap_servers, topic, lines)
 
-    if case == "seeds_fail_after_7_records":
-        # As in the seeds: some batches commit first, then the job dies after 7 records of the next one.
-        first = run_pipeline(env, max_runs=1)
-        assert first.returncode == 0, first.stdout[-2000:] + first.stderr[-2000:]
-
     markers = tmp_path / "fired"
-    armed = {FAILPOINTS_ENV: failpoint, FAILPOINT_DIR_ENV: str(markers)}
-    crashed = run_pipeline(env, max_runs=5, extra_env=armed)
-    name = failpoint.split("=")[0]
-    assert (markers / name).exists(), f"failpoint {name} never fired:\n{crashed.stdout[-3000:]}"
-    if kills_runner:
-        assert crashed.returncode in (EXIT_CODE, -9), crashed.stdout[-2000:] + crashed.stderr[-2000:]
-        with transaction(ledger_url) as session:
-            open_batches = session.execute(text("SELECT count(*) FROM batches WHERE state IN ('planned', 'staged')"))
-            assert open_batches.scalar_one() == (0 if name == "commit.after_commit" else 1)
-        recovered = run_pipeline(env, max_runs=5, extra_env=armed)
-        assert recovered.returncode == 0, recovered.stdout[-3000:] + recovered.stderr[-3000:]
-    else:
-        # The spark-submit process died; Airflow's retry of the stage task recovered in the same run.
-        assert crashed.returncode == 0, crashed.stdout[-3000:] + crashed.stderr[-3000:]
-        with transaction(ledger_url) as session:
-            attempts = session.execute(text("SELECT max(attempt) FROM batches")).scalar_one()
-        assert attempts >= 2
+    points = {"stage.after_write": 1, "commit.before_commit": 1}
+    armed = {FAILPOINTS_ENV: arm(list(points), "kill"), FAILPOINT_DIR_ENV: str(markers)}
+    order = run_through_deaths(env, armed, markers, ledger_url, "kill", points, tmp_path)
+    assert order == list(points), order
 
-    assert_exactly_once(ledger_url, env, lines, coords, f"{topic}_out", table=table)
+    assert_exactly_once(ledger_url, env, lines, coords, f"{topic}_out", table=PER_BATCH_TABLE)
     with transaction(ledger_url) as session:
-        staged_left = session.execute(text(f"SELECT count(*) FROM stage_{table}")).scalar_one()
+        assert session.execute(text(f"SELECT count(*) FROM stage_{PER_BATCH_TABLE}")).scalar_one() == 0
         kept = session.execute(text(f"SELECT count(*), count(DISTINCT (batch_id, window_start, ip)) "
-                                    f"FROM {table}_contributions")).one()
-    assert staged_left == 0
-    if contributions == "per_batch":
-        assert kept[0] == kept[1], "one contribution per key and batch"
-
-
-CHAIN_CASES = {
-    # name: (failpoint, open batches left when the runner itself dies, else None)
-    "stage_dies_between_batches": ("stage.after_staged=kill", None),
-    "commit_dies_inside_the_first_batch": ("commit.before_commit", 3),
-    "commit_dies_between_batches": ("commit.after_commit=kill", 2),
-}
-
-
-@pytest.mark.parametrize("case", list(CHAIN_CASES))
-def test_crash_inside_a_run_of_several_batches_then_recover_exactly_once(case, service_env, topic, kafka,
-                                                                         ledger_url, tmp_path):
-    """source.max_batches_per_run: 3: one run plans 3 batches, one spark-submit stages them in order (each from
-    the state the one before leaves), and the commit task commits them in order. A death after the run's first
-    batch, in the stage or the commit, leaves the rest open; the next attempt finishes them exactly once."""
-    failpoint, left_open = CHAIN_CASES[case]
-    specs = write_test_spec(tmp_path / "pipelines", topic, max_records=500, bootstrap=kafka.bootstrap_servers,
-                            batches_per_run=3)
-    env = {**service_env, "MICROBATCH_PIPELINES_DIR": str(specs)}
-    lines = generate_lines(3_000, ips=25, span_seconds=60, out_of_order=0.1, malformed=0.03, seed=len(case) + 100)
-    coords = produce_lines(kafka.bootstrap_servers, topic, lines)
-
-    markers = tmp_path / "fired"
-    armed = {FAILPOINTS_ENV: failpoint, FAILPOINT_DIR_ENV: str(markers)}
-    crashed = run_pipeline(env, max_runs=5, extra_env=armed)
-    assert (markers / failpoint.split("=")[0]).exists(), f"{failpoint} never fired:\n{crashed.stdout[-3000:]}"
-    if left_open is not None:
-        assert crashed.returncode in (EXIT_CODE, -9), crashed.stdout[-2000:] + crashed.stderr[-2000:]
-        with transaction(ledger_url) as session:
-            open_batches = session.execute(text("SELECT count(*) FROM batches WHERE state IN ('planned', 'staged')"))
-            assert open_batches.scalar_one() == left_open
-        recovered = run_pipeline(env, max_runs=5, extra_env=armed)
-        assert recovered.returncode == 0, recovered.stdout[-3000:] + recovered.stderr[-3000:]
-    else:
-        assert crashed.returncode == 0, crashed.stdout[-3000:] + crashed.stderr[-3000:]
-
-    assert_exactly_once(ledger_url, env, lines, coords, f"{topic}_out")
-    with transaction(ledger_url) as session:
-        batches = session.execute(text(
-            "SELECT id, airflow_run_id, state_before, state_after FROM batches WHERE state = 'committed' ORDER BY id"
-        )).all()
-        staged_left = session.execute(text("SELECT count(*) FROM stage_ip_counts")).scalar_one()
-    assert staged_left == 0
-    assert len(batches) == 6, batches  # 3,000 records in batches of 500
-    assert len({b.airflow_run_id for b in batches}) == 2, "two runs of three batches each"
-    for before, after in itertools.pairwise(batches):
-        assert after.state_before == before.state_after, (before, after)  # each batch starts from the last's state
+                                    f"FROM {PER_BATCH_TABLE}_contributions")).one()
+    assert kept[0] == kept[1], "one contribution per key and batch"

@@ -23,10 +23,21 @@ from microbatch.ledger.database import transaction
 ROOT = Path(__file__).resolve().parents[2]
 
 
+def spark_section(conf: dict[str, str], mode: str) -> dict:
+    """The test spec's `spark` section. `auto` (the shipped default) stages through the suite's Spark Connect server
+    (MICROBATCH_SPARK_REMOTE, see tests/conftest.py) with the spec's `spark.sql.*` settings, the only ones a Connect
+    session may set; `submit` runs spark-submit per stage (the UI off keeps concurrent drivers off each other's
+    ports), for the tests whose subject is spark-submit: a killed driver, cluster mode, SASL, process arguments."""
+    if mode == "submit":
+        return {"mode": "submit", "conf": {**conf, "spark.ui.enabled": "false"}}
+    return {"mode": mode, "conf": {key: value for key, value in conf.items() if key.startswith("spark.sql.")}}
+
+
 def write_test_spec(directory: Path, topic: str, max_records: int, retry_delay: float = 1.0,
-                    bootstrap: str | None = None, batches_per_run: int = 1) -> Path:
+                    bootstrap: str | None = None, batches_per_run: int = 1, spark_mode: str = "auto") -> Path:
     """A copy of ip_count.yaml that reads `topic`, in small batches (up to `batches_per_run` per run), with short
-    retry delays, and publishes to `<topic>_out` (created here when `bootstrap` is given)."""
+    retry delays, and publishes to `<topic>_out` (created here when `bootstrap` is given); `spark_mode` as
+    `spark_section` says."""
     spec = yaml.safe_load((ROOT / "include/pipelines/ip_count.yaml").read_text())
     spec["source"].update(topics=[topic], max_records_per_batch=max_records, commit_group_offsets=False)
     if batches_per_run > 1:
@@ -37,9 +48,7 @@ def write_test_spec(directory: Path, topic: str, max_records: int, retry_delay: 
     if bootstrap:
         create_topic(bootstrap, f"{topic}_out", 4)
     spec["retries"] = {"count": 3, "delay_seconds": retry_delay}
-    # spark-submit explicitly (the shipped `auto` would follow MICROBATCH_SPARK_REMOTE): the crash tests kill its
-    # driver, and the UI off keeps concurrent drivers off each other's ports.
-    spec["spark"] = {"mode": "submit", "conf": {**spec["spark"]["conf"], "spark.ui.enabled": "false"}}
+    spec["spark"] = spark_section(spec["spark"]["conf"], spark_mode)
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / "ip_count.yaml"
     path.write_text(yaml.safe_dump(spec))
@@ -268,11 +277,11 @@ ROW_SINK_TYPES = ("postgres_append", "postgres_aggregate", "postgres_upsert", "k
 def write_clicks_test_spec(directory: Path, topic: str, max_records: int, *, out_topic: str | None = None,
                            transaction_size: int = 500, retries: int = 3, retry_delay: float = 1.0,
                            bootstrap: str | None = None, partitions: int = 4,
-                           sink_types: tuple[str, ...] = ROW_SINK_TYPES) -> Path:
+                           sink_types: tuple[str, ...] = ROW_SINK_TYPES, spark_mode: str = "auto") -> Path:
     """A copy of the shipped clicks.yaml that reads `topic` in batches of `max_records`, has no schedule,
     short retry delays, and publishes clicks_raw to `out_topic` (default `<topic>_out`, created here when
     `bootstrap` is given) in transactions of `transaction_size`. It keeps the shipped sinks of `sink_types`
-    only (by default the row sinks, whose oracles are below)."""
+    only (by default the row sinks, whose oracles are below); `spark_mode` as `spark_section` says."""
     spec = yaml.safe_load((ROOT / "include/pipelines/clicks.yaml").read_text())
     spec["schedule"] = None
     spec["sinks"] = [sink for sink in spec["sinks"] if sink["type"] in sink_types]
@@ -285,8 +294,7 @@ def write_clicks_test_spec(directory: Path, topic: str, max_records: int, *, out
     if bootstrap:
         create_topic(bootstrap, out_topic, partitions)
     spec["retries"] = {"count": retries, "delay_seconds": retry_delay}
-    spec["spark"] = {"mode": "submit", "conf": {**spec["spark"]["conf"], "spark.sql.shuffle.partitions": "2",
-                                                "spark.ui.enabled": "false"}}
+    spec["spark"] = spark_section({**spec["spark"]["conf"], "spark.sql.shuffle.partitions": "2"}, spark_mode)
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "clicks.yaml").write_text(yaml.safe_dump(spec))
     return directory

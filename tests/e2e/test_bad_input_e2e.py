@@ -51,7 +51,8 @@ def corpus(rng: random.Random) -> list[tuple[bytes | None, bytes | None, str]]:
 
 
 def test_bad_input_corpus_and_no_secret_in_process_arguments(service_env, topic, kafka, ledger_url, tmp_path):
-    specs = write_test_spec(tmp_path / "pipelines", topic, max_records=100_000, bootstrap=kafka.bootstrap_servers)
+    specs = write_test_spec(tmp_path / "pipelines", topic, max_records=100_000, bootstrap=kafka.bootstrap_servers,
+                            spark_mode="submit")
     env = {**service_env, "MICROBATCH_PIPELINES_DIR": str(specs)}
     records = corpus(random.Random(5))
     producer = KafkaProducer(bootstrap_servers=kafka.bootstrap_servers, acks="all", max_request_size=1_048_576)

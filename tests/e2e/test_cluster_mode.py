@@ -23,7 +23,8 @@ def cluster(tmp_path):
 
 
 def test_ip_count_on_a_standalone_cluster(cluster, service_env, topic, kafka, ledger_url, tmp_path):
-    specs = write_test_spec(tmp_path / "pipelines", topic, max_records=3000, bootstrap=kafka.bootstrap_servers)
+    specs = write_test_spec(tmp_path / "pipelines", topic, max_records=3000, bootstrap=kafka.bootstrap_servers,
+                            spark_mode="submit")
     connection = {"conn_type": "spark", "host": "spark://127.0.0.1", "port": cluster.port}
     # client_env: the cluster runs with spark.authenticate; its secret reaches spark-submit through SPARK_CONF_DIR.
     env = {**service_env, **cluster.client_env(), "MICROBATCH_PIPELINES_DIR": str(specs),

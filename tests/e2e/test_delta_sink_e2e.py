@@ -51,8 +51,8 @@ def write_spec(directory: Path, name: str, topic: str, upsert: bool, batch: int 
         "sinks": sinks,
         "retries": {"count": 3, "delay_seconds": 1},
         # Small files on purpose (as small batches make them), for the maintenance DAG to compact.
-        "spark": {"conf": {"spark.sql.shuffle.partitions": "2", "spark.ui.enabled": "false",
-                           "spark.sql.files.maxRecordsPerFile": "25"}},
+        "spark": {"mode": "auto", "conf": {"spark.sql.shuffle.partitions": "2",
+                                           "spark.sql.files.maxRecordsPerFile": "25"}},
     }
     directory.mkdir(parents=True, exist_ok=True)
     (directory / f"{name}.yaml").write_text(yaml.safe_dump(spec))

@@ -21,7 +21,8 @@ pytestmark = pytest.mark.e2e
 
 @pytest.fixture
 def pipeline_env(service_env, topic, tmp_path, kafka):
-    specs = write_test_spec(tmp_path / "pipelines", topic, max_records=4000, bootstrap=kafka.bootstrap_servers)
+    specs = write_test_spec(tmp_path / "pipelines", topic, max_records=4000, bootstrap=kafka.bootstrap_servers,
+                            spark_mode="submit")
     return {**service_env, "MICROBATCH_PIPELINES_DIR": str(specs)}
 
 

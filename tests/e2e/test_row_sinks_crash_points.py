@@ -1,22 +1,22 @@
 """Every row sink at once through every failpoint on the path, by os._exit and by SIGKILL, on real Kafka,
-Postgres, Spark and Airflow (`dag.test()`).
+Postgres, Spark (the suite's shared Spark Connect server, the shipped default) and Airflow (`dag.test()`).
 
 One clicks pipeline (a test copy of include/pipelines/clicks.yaml) feeds all the row sinks: `clicks_raw`
 (postgres_append, late clicks included), `page_views` (postgres_aggregate, late clicks to late_records),
 `user_last_page` (postgres_upsert, forgets as tombstones) and `clicks_out` (kafka, the clicks_raw rows,
 published in small transactions). All the failpoints are armed at once, each firing once (marker files):
 
-- in the stage task, which Airflow retries in the same run: `stage.read=N` (a Spark Python worker dies
-  mid-read), `stage.after_write` and `stage.after_staged` (the spark-submit driver dies);
-- in the runner process itself, which dies and is started again: `commit.before_commit` (transaction
-  open), `commit.after_commit` (after COMMIT), `publish.before_commit` (Kafka transaction open),
-  `publish.after_commit` (Kafka committed, progress not recorded), `publish.between_transactions`.
+- `stage.read=N` (`=N:kill` for SIGKILL): a Python worker of the Connect server dies mid-read, and Airflow retries
+  the stage task in the same run;
+- in the runner process itself, which dies and is started again (a Connect stage task is a client in the runner's
+  own process): `stage.after_write` and `stage.after_staged`, `commit.before_commit` (transaction open),
+  `commit.after_commit` (after COMMIT), `publish.before_commit` (Kafka transaction open), `publish.after_commit`
+  (Kafka committed, progress not recorded), `publish.between_transactions`.
 
 `microbatch run` is started again until it exits 0. Then every table, the late records, the dead letters and
 the read_committed output topic must equal oracles computed here from the produced records (the upsert oracle
-replays the history in order, tombstones included), and the ledger must be whole. `kill` arms each point as
-`name=kill` (SIGKILL); `stage.read` counts records and has no kill form, so its worker exits by os._exit in
-both modes.
+replays the history in order, tombstones included), and the ledger must be whole. The spark-submit driver's deaths
+are tests/chaos/test_crash_recovery.py's.
 """
 
 from __future__ import annotations
@@ -54,9 +54,10 @@ from tests.e2e.test_upsert_sink_e2e import forget
 
 pytestmark = pytest.mark.e2e
 
-STAGE_POINTS = ["stage.read", "stage.after_write", "stage.after_staged"]  # the stage task is retried
-RUNNER_POINTS = ["commit.before_commit", "commit.after_commit", "publish.before_commit", "publish.after_commit",
-                 "publish.between_transactions"]  # each kills the runner: one more `microbatch run`
+STAGE_POINTS = ["stage.read"]  # a worker of the Connect server dies: the stage task is retried
+RUNNER_POINTS = ["stage.after_write", "stage.after_staged", "commit.before_commit", "commit.after_commit",
+                 "publish.before_commit", "publish.after_commit", "publish.between_transactions"]  # each kills the
+# runner: one more `microbatch run`
 READ_LIMIT = 25  # records a Python worker reads before it dies
 TRANSACTION_SIZE = 100  # several Kafka transactions per publish, so that between_transactions is reached
 MAX_RECORDS = 500  # two batches: the late clicks are in the second
@@ -85,14 +86,14 @@ def generate(seed: int) -> list[Click]:
 
 def armed_points(mode: str) -> str:
     kill = "=kill" if mode == "kill" else ""
-    return ",".join([f"stage.read={READ_LIMIT}", *(p + kill for p in STAGE_POINTS[1:] + RUNNER_POINTS)])
+    read = f"stage.read={READ_LIMIT}" + (":kill" if mode == "kill" else "")
+    return ",".join([read, *(p + kill for p in RUNNER_POINTS)])
 
 
 @pytest.mark.parametrize("mode", ["exit", "kill"])
 def test_row_sinks_exactly_once_through_every_crash_point(mode, service_env, topic, kafka, ledger_url, tmp_path):
     started = time.monotonic()
     out_topic = f"{topic}_out"
-    # Retries: the stage task fails three times (read, after_write, after_staged) before its fourth try passes.
     specs = write_clicks_test_spec(tmp_path / "pipelines", topic, MAX_RECORDS, out_topic=out_topic,
                                    transaction_size=TRANSACTION_SIZE, retries=4, bootstrap=kafka.bootstrap_servers)
     env = {**service_env, "MICROBATCH_PIPELINES_DIR": str(specs), **pipeline_dag_folder(tmp_path, PIPELINE)}

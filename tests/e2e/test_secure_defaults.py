@@ -238,13 +238,7 @@ def connect_client(remote: str) -> str:
 
 def connect_spec(directory: Path, topic: str, bootstrap: str, max_records: int) -> Path:
     """The test copy of ip_count in connect mode (only the spark.sql.* settings a session may change)."""
-    write_test_spec(directory, topic, max_records, bootstrap=bootstrap)
-    path = directory / "ip_count.yaml"
-    spec = yaml.safe_load(path.read_text())
-    conf = {key: value for key, value in spec["spark"]["conf"].items() if key.startswith("spark.sql.")}
-    spec["spark"] = {"mode": "connect", "conf": conf}
-    path.write_text(yaml.safe_dump(spec))
-    return directory
+    return write_test_spec(directory, topic, max_records, bootstrap=bootstrap, spark_mode="connect")
 
 
 def test_spark_connect_refuses_a_client_without_its_token_and_the_stage_runs_with_it(

@@ -1,8 +1,16 @@
 """Failpoint arming (crash and pause), the leader-move sentence, and the data generator's independent recount."""
 
 import ipaddress
+import os
+import re
+import subprocess
+import sys
 import time
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+from pyspark import cloudpickle
 
 from microbatch import failpoints
 from microbatch.dev.datagen import INVALID_ADDRESSES, LogLine, expected_counts, format_line, generate_lines
@@ -14,22 +22,22 @@ T0 = datetime(2026, 11, 22, 12, 0, 0, tzinfo=UTC)
 def test_failpoint_fires_once_with_marker_dir(tmp_path, monkeypatch):
     monkeypatch.setenv(failpoints.FAILPOINTS_ENV, "commit.before_commit,stage.read=7")
     monkeypatch.setenv(failpoints.FAILPOINT_DIR_ENV, str(tmp_path))
-    assert failpoints.argument("stage.read") == "7"
-    assert failpoints.argument("commit.before_commit") == ""
-    assert failpoints.argument("stage.after_write") is None
+    assert failpoints.arming("stage.read") == failpoints.Arming("exit", limit=7)
+    assert failpoints.point("commit.before_commit").arming() == failpoints.Arming("exit")
+    assert failpoints.arming("stage.after_write") is None
     (tmp_path / "stage.read").touch()
-    assert failpoints.argument("stage.read") is None
+    assert failpoints.arming("stage.read") is None
 
 
 def test_failpoints_armed_by_file_while_running(tmp_path, monkeypatch):
     monkeypatch.delenv(failpoints.FAILPOINTS_ENV, raising=False)
     monkeypatch.setenv(failpoints.FAILPOINT_DIR_ENV, str(tmp_path))
-    assert failpoints.argument("publish.after_commit") is None
+    assert failpoints.arming("publish.after_commit") is None
     (tmp_path / failpoints.ARMED_FILE).write_text("publish.after_commit=kill,stage.read=5")
-    assert failpoints.argument("publish.after_commit") == "kill"
-    assert failpoints.argument("stage.read") == "5"
+    assert failpoints.arming("publish.after_commit") == failpoints.Arming("kill")
+    assert failpoints.arming("stage.read") == failpoints.Arming("exit", limit=5)
     (tmp_path / failpoints.ARMED_FILE).write_text("")
-    assert failpoints.argument("publish.after_commit") is None
+    assert failpoints.arming("publish.after_commit") is None
 
 
 def test_pause_failpoint_holds_once_and_marks(tmp_path, monkeypatch):
@@ -37,12 +45,114 @@ def test_pause_failpoint_holds_once_and_marks(tmp_path, monkeypatch):
     monkeypatch.setenv(failpoints.FAILPOINT_DIR_ENV, str(tmp_path))
     (tmp_path / failpoints.ARMED_FILE).write_text("plan.list_offsets=pause:0.2")
     started = time.monotonic()
-    failpoints.hit("plan.list_offsets")  # holds, then goes on: the process does not die
+    failpoints.point("plan.list_offsets").hit()  # holds, then goes on: the process does not die
     assert time.monotonic() - started >= 0.2
     assert (tmp_path / "plan.list_offsets").exists()
     started = time.monotonic()
-    failpoints.hit("plan.list_offsets")  # fired once: the marker lets the next hit through at once
+    failpoints.point("plan.list_offsets").hit()  # fired once: the marker lets the next hit through at once
     assert time.monotonic() - started < 0.2
+
+
+def test_failpoint_syntax_keeps_every_old_form_and_adds_a_counted_kill():
+    armed = failpoints.parse(" commit.before_commit, publish.after_commit=kill,publish.before_commit=pause:2.5,"
+                             "stage.read=7:kill ")
+    assert armed == {
+        "commit.before_commit": failpoints.Arming("exit"),
+        "publish.after_commit": failpoints.Arming("kill"),
+        "publish.before_commit": failpoints.Arming("pause", seconds=2.5),
+        "stage.read": failpoints.Arming("kill", limit=7),
+    }
+    assert failpoints.parse("stage.read") == {"stage.read": failpoints.Arming("exit", limit=0)}
+    assert failpoints.parse("stage.read=12") == {"stage.read": failpoints.Arming("exit", limit=12)}
+    assert failpoints.parse("stage.read=kill") == {"stage.read": failpoints.Arming("kill", limit=0)}
+    assert failpoints.parse("") == {}
+
+
+def test_unknown_failpoint_is_refused_at_declaration():
+    with pytest.raises(ValueError, match=r"Unknown failpoint 'commit\.befor_commit'.*commit\.before_commit"):
+        failpoints.point("commit.befor_commit")
+    with pytest.raises(ValueError, match=r"Unknown failpoint 'stage\.after_read'"):
+        failpoints.hit("stage.after_read")  # removed: no call site armed it
+
+
+@pytest.mark.parametrize(("item", "reason"), [
+    ("stage.reed=5", r"unknown failpoint: the registered ones are .*stage\.read"),
+    ("stage.after_read", "unknown failpoint"),
+    ("stage.read=pause:3", r"use one of stage\.read, stage\.read=N, stage\.read=kill, stage\.read=N:kill\."),
+    ("plan.list_offsets=kill", r"use one of plan\.list_offsets=pause:S\."),
+    ("plan.list_offsets", "not a form failpoint plan.list_offsets supports"),
+    ("commit.before_commit=7", "not a form failpoint commit.before_commit supports"),
+    ("commit.before_commit=pause:1", "not a form"),
+    ("publish.before_commit=pause:soon", "not a form"),
+    ("publish.after_commit=sigkill", "not a form"),
+])
+def test_bad_armed_item_is_refused_naming_it(item, reason, tmp_path, monkeypatch):
+    with pytest.raises(ValueError, match=f"item '{re.escape(item)}' .*{reason}"):
+        failpoints.parse(f"commit.after_commit,{item}")
+    monkeypatch.setenv(failpoints.FAILPOINTS_ENV, item)
+    monkeypatch.delenv(failpoints.FAILPOINT_DIR_ENV, raising=False)
+    with pytest.raises(ValueError, match=f"^{failpoints.FAILPOINTS_ENV} item"):
+        failpoints.armed()
+    monkeypatch.delenv(failpoints.FAILPOINTS_ENV)
+    monkeypatch.setenv(failpoints.FAILPOINT_DIR_ENV, str(tmp_path))
+    (tmp_path / failpoints.ARMED_FILE).write_text(item)
+    with pytest.raises(ValueError, match=re.escape(failpoints.ARMED_FILE)):
+        failpoints.hit("commit.after_commit")
+
+
+ROOT = Path(__file__).resolve().parents[2]
+DECLARED = re.compile(r"""\bpoint\(\s*["']([^"']+)["']""")
+RAW_HIT = re.compile(r"""\b(?:hit|arming|crash)\(\s*["']""")
+
+
+def test_registry_is_exactly_the_points_the_code_declares():
+    sources = [path for folder in ("include", "spark_jobs") for path in sorted((ROOT / folder).rglob("*.py"))
+               if path.name != "failpoints.py" or path.parent.name != "microbatch"]
+    declared = {name for path in sources for name in DECLARED.findall(path.read_text())}
+    unused = sorted(set(failpoints.REGISTRY) - declared)
+    unknown = sorted(declared - set(failpoints.REGISTRY))
+    assert not unused, f"registered failpoints no code declares with failpoints.point(...): {unused}"
+    assert not unknown, f"failpoints declared but not registered: {unknown}"
+    raw = [f"{path.relative_to(ROOT)}" for path in sources if RAW_HIT.search(path.read_text())]
+    assert not raw, f"failpoints hit by a name string, not a declared point: {raw}"
+
+
+def test_registry_modes_are_known():
+    for name, registered in failpoints.REGISTRY.items():
+        assert registered.modes, name
+        assert registered.modes <= {failpoints.EXIT, failpoints.KILL, failpoints.PAUSE}, name
+        assert failpoints.forms(name), name
+
+
+@pytest.mark.parametrize(("mode", "returncode"), [("exit", failpoints.EXIT_CODE), ("kill", -9)])
+def test_read_failpoint_fires_in_a_worker_without_the_failpoint_environment(mode, returncode, tmp_path, monkeypatch):
+    """Spark Connect: the closure is built in the client, with the failpoint environment, and runs in a Python
+    worker of the server, without it; the worker still dies by the armed mode and writes the client's marker."""
+    from microbatch.phases import stage
+
+    markers = tmp_path / "fired"
+    monkeypatch.setenv(failpoints.FAILPOINTS_ENV, "stage.read=3" + (":kill" if mode == "kill" else ""))
+    monkeypatch.setenv(failpoints.FAILPOINT_DIR_ENV, str(markers))
+
+    class Plan:  # what _crash_after_records needs of a DataFrame: the Arrow function it maps with
+        schema = None
+
+        def mapInArrow(self, function, schema):  # PySpark's name
+            self.function = function
+            return self
+
+    arming = stage.READ.arming()
+    assert arming is not None
+    guard = stage._crash_after_records(Plan(), arming, failpoints.env_marker_dir()).function
+    worker_env = {k: v for k, v in os.environ.items() if not k.startswith("MICROBATCH_FAILPOINT")}
+    batches = "[type('Batch', (), {'num_rows': 2})() for _ in range(4)]"
+    script = ("import sys; from pyspark import cloudpickle; guard = cloudpickle.loads(sys.stdin.buffer.read()); "
+              f"print(sum(b.num_rows for b in guard({batches})))")
+    worker = subprocess.run([sys.executable, "-c", script], input=cloudpickle.dumps(guard), env=worker_env,
+                            capture_output=True, timeout=60, check=False)
+    assert worker.returncode == returncode, worker.stderr.decode()[-2000:]
+    assert (markers / "stage.read").exists()
+    assert stage.READ.arming() is None  # the retry's plan reads the marker: the failpoint fired once
 
 
 def test_leader_moves_names_each_moved_partition():

@@ -1,19 +1,25 @@
 """The Spark Connect remote: shown without secrets, parsed strictly, and an unreachable server is one
 retryable sentence naming the remote and the fix."""
 
+import math
 import socket
 import uuid
+from dataclasses import asdict, replace
 
 import pytest
 
 from microbatch.errors import ConnectionSettingsError, TransientServiceError
 from microbatch.spark_remote import (
+    CONNECT_RETRY,
     SHARED_SESSION_SECONDS,
+    bound_retries,
     check_reachable,
+    connect_retry_policy,
     display,
     host_port,
     is_closed_session,
     is_unavailable,
+    retry_wait_bound,
     shared_session_id,
     with_session_id,
 )
@@ -82,3 +88,83 @@ def test_closed_session_is_recognised_by_the_error_class():
     assert is_closed_session(RuntimeError("(org.apache.spark.SparkSQLException) [INVALID_HANDLE.SESSION_CLOSED] "
                                           "The handle 1a2b is invalid. Session was closed."))
     assert not is_closed_session(RuntimeError("[TABLE_OR_VIEW_NOT_FOUND] t"))
+
+
+def test_the_connect_retry_policy_waits_under_a_minute_where_pysparks_default_waits_ten():
+    assert 0 < retry_wait_bound(CONNECT_RETRY) <= 60
+    assert retry_wait_bound(CONNECT_RETRY) == 46.0  # waits of 5, 5, 5, 5, 8, 15 s, each + 0.5 s of jitter
+    assert retry_wait_bound(replace(CONNECT_RETRY, recognize_server_retry_delay=False)) == 32.5
+    pyspark_default = replace(CONNECT_RETRY, max_retries=15, initial_backoff=50, backoff_multiplier=4.0,
+                              max_backoff=60_000, recognize_server_retry_delay=False)
+    assert retry_wait_bound(pyspark_default) > 600
+    assert retry_wait_bound(replace(CONNECT_RETRY, max_retries=None)) == math.inf
+
+
+def test_the_policy_is_pysparks_default_policy_with_the_shipped_parameters():
+    retries = pytest.importorskip("pyspark.sql.connect.client.retries")
+    policy = connect_retry_policy()
+    assert type(policy) is retries.DefaultPolicy  # so it retries what pyspark retries, only for less long
+    assert {name: getattr(policy, name) for name in asdict(CONNECT_RETRY)} == asdict(CONNECT_RETRY)
+    assert retry_wait_bound(policy) == retry_wait_bound(CONNECT_RETRY)
+    assert retry_wait_bound(retries.DefaultPolicy()) > 600  # what a session without the policy waits
+
+
+def _unavailable(retry_delay_seconds: int | None):
+    """A gRPC UNAVAILABLE failure, asking for `retry_delay_seconds` before a retry (RetryInfo) if not None."""
+    import grpc
+    from google.protobuf import any_pb2
+    from google.rpc import error_details_pb2, status_pb2
+
+    class Unavailable(grpc.RpcError):
+        def code(self):
+            return grpc.StatusCode.UNAVAILABLE
+
+        def details(self):
+            return "failed to connect to all addresses"
+
+        def trailing_metadata(self):
+            if retry_delay_seconds is None:
+                return ()
+            info = error_details_pb2.RetryInfo()
+            info.retry_delay.FromSeconds(retry_delay_seconds)
+            detail = any_pb2.Any()
+            detail.Pack(info)
+            status = status_pb2.Status(code=grpc.StatusCode.UNAVAILABLE.value[0], message=self.details(),
+                                       details=[detail])
+            return (("grpc-status-details-bin", status.SerializeToString()),)
+
+    return Unavailable()
+
+
+@pytest.mark.parametrize(("retry_delay", "slept"), [(None, 32.5), (600, 46.0)])
+def test_pysparks_own_retries_sleep_no_longer_than_the_bound(monkeypatch, retry_delay, slept):
+    retries = pytest.importorskip("pyspark.sql.connect.client.retries")
+    monkeypatch.setattr(retries.random, "uniform", lambda low, high: high)  # the most jitter every time
+    error, sleeps, calls = _unavailable(retry_delay), [], 0
+    with pytest.raises(type(error)), pytest.warns(UserWarning, match="RETRIES_EXCEEDED"):
+        for attempt in retries.Retrying([connect_retry_policy()], sleep=sleeps.append):
+            with attempt:
+                calls += 1
+                raise error
+    assert calls == CONNECT_RETRY.max_retries + 1
+    assert sum(sleeps) == pytest.approx(slept) and sum(sleeps) <= retry_wait_bound(CONNECT_RETRY)  # 600 s asked
+
+
+def test_a_session_on_a_dead_server_opens_without_a_call_and_stops_within_the_bound(monkeypatch):
+    retries = pytest.importorskip("pyspark.sql.connect.client.retries")
+    from pyspark.sql import SparkSession
+
+    monkeypatch.delenv("SPARK_CONNECT_MODE_ENABLED", raising=False)  # restored: create() sets it
+    with socket.socket() as sock:  # a port that was just free and nothing listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    spark = SparkSession.builder.remote(f"sc://127.0.0.1:{port}").create()  # no server, yet no error: no call
+    bound_retries(spark)
+    sleeps = []
+    monkeypatch.setattr(spark.client, "_retrying", lambda: retries.Retrying(spark.client.get_retry_policies(),
+                                                                            sleep=sleeps.append))
+    with pytest.warns(UserWarning, match="RETRIES_EXCEEDED"):
+        spark.stop()  # ReleaseSession, retried on UNAVAILABLE; stop() logs the failure and closes the client
+    assert spark.is_stopped
+    assert len(sleeps) == CONNECT_RETRY.max_retries
+    assert 0 < sum(sleeps) <= retry_wait_bound(CONNECT_RETRY)

@@ -176,10 +176,9 @@ def _commit_task(spec: PipelineSpec) -> Any:
     @task(task_id="commit", outlets=assets)
     def commit(batch_ids: int | str, **context: Any) -> list[dict[str, Any]]:
         from microbatch.airflow.lineage import emit_committed
-        from microbatch.failpoints import hit
         from microbatch.kafka.offsets import mirror_group_offsets
         from microbatch.ledger.database import transaction
-        from microbatch.phases.commit import commit_batch
+        from microbatch.phases.commit import AFTER_COMMIT, commit_batch
         from microbatch.phases.reporting import log_commit_summary
 
         url = resolved(hooks.ledger_url)
@@ -187,7 +186,7 @@ def _commit_task(spec: PipelineSpec) -> Any:
         for batch_id in batch_id_list(batch_ids):
             with task_errors(url), transaction(url) as session:
                 result = commit_batch(session, spec, batch_id, context.get("run_id"))
-            hit("commit.after_commit")
+            AFTER_COMMIT.hit()
             log_commit_summary(log, spec.name, result)
             emit_committed(spec, result, url,
                            lambda: resolved(hooks.kafka_settings, spec.source.connection).bootstrap_servers)

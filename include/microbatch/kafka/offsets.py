@@ -198,7 +198,7 @@ def read_group_offsets(bootstrap_servers: str, group_id: str) -> dict[TopicParti
 
 
 def offset_bounds(
-    consumer: KafkaConsumer, partitions: list[TopicPartition], failpoint: str | None = None,
+    consumer: KafkaConsumer, partitions: list[TopicPartition], failpoint: failpoints.Point | None = None,
     attempts: int = _LOOKUP_ATTEMPTS,
 ) -> tuple[dict[TopicPartition, int], dict[TopicPartition, int]]:
     """The earliest and latest offsets; under read_committed the latest is the last stable offset.
@@ -212,8 +212,8 @@ def offset_bounds(
     for attempt in range(1, attempts + 1):
         try:
             earliest = consumer.beginning_offsets(kafka_tps, timeout_ms=_TIMEOUT_MS)
-            if failpoint:
-                failpoints.hit(failpoint)
+            if failpoint is not None:
+                failpoint.hit()
             latest = consumer.end_offsets(kafka_tps, timeout_ms=_TIMEOUT_MS)
             break
         except KafkaError as exc:

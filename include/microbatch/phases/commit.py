@@ -33,6 +33,8 @@ from microbatch.sinks.registry import sinks_of
 from microbatch.types import Gap, OffsetRange, TopicPartition
 
 COMMIT_WORK_MEM = "64MB"
+BEFORE_COMMIT = failpoints.point("commit.before_commit")  # transaction open
+AFTER_COMMIT = failpoints.point("commit.after_commit")  # hit by the commit task, after COMMIT
 
 log = logging.getLogger(__name__)
 
@@ -122,7 +124,7 @@ def commit_batch(session: Session, spec: PipelineSpec, batch_id: int, run_id: st
     result.seconds = time.monotonic() - started
     batch.timings = {**batch.timings, "commit_s": round(result.seconds, 3)}
     session.flush()
-    failpoints.hit("commit.before_commit")
+    BEFORE_COMMIT.hit()
     return result
 
 

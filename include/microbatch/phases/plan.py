@@ -18,6 +18,7 @@ from pathlib import Path
 
 from sqlalchemy.orm import Session
 
+from microbatch import failpoints
 from microbatch.config import OnDataLoss, PipelineSpec
 from microbatch.errors import DataLossError, SpecError
 from microbatch.kafka.offsets import discover_source, offset_bounds, offsets_client, startup_lookups
@@ -37,6 +38,7 @@ from microbatch.sinks import schema
 from microbatch.types import OffsetRange, Plan, StartupOffsets, TopicPartition
 
 log = logging.getLogger(__name__)
+LIST_OFFSETS = failpoints.point("plan.list_offsets")  # a hold point between the two offset lookups
 JOB_METHODS = ("parse", "state_metrics", "next_state", "outputs")
 """The methods of the transform contract (`transform.SparkJob`)."""
 
@@ -111,7 +113,7 @@ def _read_broker(
     source = spec.source
     with offsets_client(bootstrap_servers, source.isolation_level) as consumer:
         partitions, missing = discover_source(consumer, source.topics or (), source.topic_pattern)
-        earliest, latest = (offset_bounds(consumer, partitions, failpoint="plan.list_offsets") if partitions
+        earliest, latest = (offset_bounds(consumer, partitions, failpoint=LIST_OFFSETS) if partitions
                             else ({}, {}))
         with transaction(ledger_url) as session:
             pipeline = repo.ensure_pipeline(session, spec)

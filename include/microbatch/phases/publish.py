@@ -43,6 +43,9 @@ _TAIL_WINDOW = 64
 _FAILOVER_ATTEMPTS = 4
 _FAILOVER_BACKOFF_S = 3.0
 _COMMIT_TIMEOUT_S = 30.0
+BEFORE_COMMIT = failpoints.point("publish.before_commit")  # Kafka transaction open
+AFTER_COMMIT = failpoints.point("publish.after_commit")  # Kafka committed, progress not recorded
+BETWEEN_TRANSACTIONS = failpoints.point("publish.between_transactions")
 
 
 def _seq_of(headers: list[tuple[str, bytes]] | None) -> int | None:
@@ -228,14 +231,14 @@ def _publish_session(sink: KafkaSink, ledger_url: str, bootstrap_servers: str, p
                 producer.send(sink.topic, key=(key or "").encode(), value=json.dumps(value, sort_keys=True).encode(),
                               headers=headers)
             producer.flush(timeout=_COMMIT_TIMEOUT_S)
-            failpoints.hit("publish.before_commit")
+            BEFORE_COMMIT.hit()
             _commit_within(producer, _COMMIT_TIMEOUT_S)
             last = run.last = rows[-1][0]
             run.transactions += 1
-            failpoints.hit("publish.after_commit")
+            AFTER_COMMIT.hit()
             _record_progress(ledger_url, pipeline_id, sink.name, last)
             log.info("  transaction %s: sequences %s..%s committed", run.transactions, rows[0][0], last)
-            failpoints.hit("publish.between_transactions")
+            BETWEEN_TRANSACTIONS.hit()
     finally:
         producer.close(timeout=10)
 

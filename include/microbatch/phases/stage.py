@@ -39,11 +39,17 @@ from microbatch.phases.results import StageResult
 from microbatch.planning import data_loss_at_read, lost_ranges
 from microbatch.sinks.base import Sink
 from microbatch.sinks.registry import sinks_of
-from microbatch.spark_remote import is_closed_session, is_unavailable, shared_session_id, with_session_id
+from microbatch.spark_remote import bound_retries, is_closed_session, is_unavailable, shared_session_id, with_session_id
 from microbatch.transform import ERROR_COLUMN, LATE_COLUMN, SparkJob
 from microbatch.types import OffsetRange, TopicPartition
 
 log = logging.getLogger(__name__)
+BEFORE_READ = failpoints.point("stage.before_read")  # a hold point: the Spark job after it reads Kafka
+READ = failpoints.point("stage.read")  # a Spark Python worker dies after N records
+AFTER_WRITE = failpoints.point("stage.after_write")
+AFTER_STAGED = failpoints.point("stage.after_staged")
+BEFORE_LAKE_COMMIT = failpoints.point("stage.before_lake_commit")
+AFTER_LAKE_COMMIT = failpoints.point("stage.after_lake_commit")
 
 
 def load_job(spec: PipelineSpec) -> SparkJob:
@@ -128,15 +134,20 @@ def jdbc_options(ledger_url: str) -> dict[str, str]:
     }
 
 
-def _crash_after_records(df: DataFrame, limit: int) -> DataFrame:
-    """Failpoint `stage.read=N`: the Python worker dies after N records, mid-read."""
+def _crash_after_records(df: DataFrame, arming: failpoints.Arming, marker_dir: str | None) -> DataFrame:
+    """Failpoint `stage.read=N` (`=N:kill`): the Python worker dies after N records, mid-read.
+
+    The closure carries the mode and the marker directory, taken where the plan is built: a worker of a Spark
+    Connect server has no failpoint environment, and marks the failpoint fired in the client's directory (the
+    server runs on the same machine)."""
+    name, limit, mode = READ.name, arming.limit, arming.mode
 
     def guard(batches):  # noqa: ANN001, ANN202 - Arrow iterator in, out
         seen = 0
         for batch in batches:
             seen += batch.num_rows
             if seen > limit:
-                failpoints.crash("stage.read")
+                failpoints.crash(name, mode, marker_dir)
             yield batch
 
     return df.mapInArrow(guard, df.schema)
@@ -305,16 +316,15 @@ def _stage_locked(
     keep_observed_metrics(spark)
     parsed = job.parse(records, spec.job.options, current.state_before)
     jdbc = jdbc_options(ledger_url)
-    failpoints.hit("stage.before_read")  # the Spark job below reads Kafka
+    BEFORE_READ.hit()  # the Spark job below reads Kafka
     values, rows_by_sink, read_seconds = _stage_outputs(spec, job, parsed, current, jdbc, ledger_url)
-    failpoints.hit("stage.after_read")
 
     t_write = time.monotonic()
     dead_count = int(values.get("dead_letters") or 0)
     late_count = int(values.get("late_records") or 0)
     _stage_bad_records(parsed, current, dead_count, late_count, jdbc)
     write_seconds = time.monotonic() - t_write
-    failpoints.hit("stage.after_write")
+    AFTER_WRITE.hit()
 
     by_partition = _records_by_partition(spark, spec, current, values, bootstrap_servers)
     state_metrics = {name.removeprefix("state_"): v for name, v in values.items() if name.startswith("state_")}
@@ -330,7 +340,7 @@ def _stage_locked(
     )
     _record_staged(ledger_url, result)
     result.timings["stage_total_s"] = round(time.monotonic() - started, 3)
-    failpoints.hit("stage.after_staged")
+    AFTER_STAGED.hit()
     return result
 
 
@@ -418,9 +428,9 @@ def _read_ranges(
 ) -> DataFrame:
     """Spark's Kafka source over exactly `ranges` (with the `stage.read` failpoint when it is set)."""
     records = _kafka_records(spark, spec, ranges, bootstrap_servers)
-    limit = failpoints.argument("stage.read")
-    if limit is not None:
-        records = _crash_after_records(records, int(limit or 0))
+    arming = READ.arming()  # decided here, in the driver or the Connect client, when the plan is built
+    if arming is not None:
+        records = _crash_after_records(records, arming, failpoints.env_marker_dir())
     return records
 
 
@@ -480,13 +490,13 @@ def _write_in_stage(spec: PipelineSpec, sink: Sink, rows: DataFrame, current: _A
                 fix="Let the newer attempt finish; this run wrote nothing to the table.")
         pipeline_id = batch.pipeline_id
         uid = repo.pipeline_uid(session, pipeline_id)
-    failpoints.hit("stage.before_lake_commit")
+    BEFORE_LAKE_COMMIT.hit()
     started = time.monotonic()
     written = sink.write_in_stage(rows, spec.name, uid, current.batch_id, current.attempt, current.ranges)
     log.info("  %s: %s %s rows as version %s of %s (%.1fs)", sink.name,
              "wrote" if written.wrote else f"found (written by attempt {written.attempt})", written.rows,
              written.version, written.location, time.monotonic() - started)
-    failpoints.hit("stage.after_lake_commit")
+    AFTER_LAKE_COMMIT.hit()
     with transaction(ledger_url) as session:
         sink.record_stage_write(session, pipeline_id, current.batch_id, current.attempt, written)
     return written.rows
@@ -633,6 +643,7 @@ def connect_session(remote: str, conf: Mapping[str, str], share_key: str | None 
 
 def _open_session(remote: str, settings: Mapping[str, str], *, release: bool) -> SparkSession:
     spark = SparkSession.builder.remote(remote).create()
+    bound_retries(spark)  # before the first call: create() sends none
     spark.release_session_on_close = release  # type: ignore[attr-defined]  # Connect's SparkSession
     try:
         for key, value in settings.items():
