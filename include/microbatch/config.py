@@ -646,6 +646,13 @@ class SparkSpec(_Strict):
         mode = "connect" if connect_server_set else "submit"
         return self.model_copy(update={"mode": mode, "connection": SPARK_CONNECTION_DEFAULTS[mode]})
 
+    def for_submit(self) -> SparkSpec:
+        """The settings of a spark-submit of this pipeline whatever its stage's mode (the Delta maintenance job):
+        its own connection in mode `submit`, else the default Spark connection (`spark_default`)."""
+        if self.mode == "submit":
+            return self
+        return self.model_copy(update={"mode": "submit", "connection": SPARK_CONNECTION_DEFAULTS["submit"]})
+
 
 class PipelineSpec(_Strict):
     """One pipeline: a source, a transform, sinks, a schedule and retries."""

@@ -17,6 +17,8 @@ from microbatch.dev import localenv
 from microbatch.errors import SpecError
 
 log = logging.getLogger(__name__)
+MIGRATED_MARKER = ".microbatch-db-migrated"
+"""In AIRFLOW_HOME: its metadata DB is migrated (by `metadata_db`, or copied from one that was)."""
 
 
 @dataclass
@@ -43,7 +45,7 @@ def metadata_db() -> Iterator[None]:
     import os
 
     home = Path(os.environ["AIRFLOW_HOME"])
-    marker = home / ".microbatch-db-migrated"
+    marker = home / MIGRATED_MARKER
     with (home / ".microbatch-db-migrate.lock").open("w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not marker.exists():

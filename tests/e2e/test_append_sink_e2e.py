@@ -33,6 +33,7 @@ from tests.e2e.helpers import (
     dead_letter_coordinates,
     expected_positions,
     late_coordinates,
+    migrated_airflow_home,
     positions,
     read_output,
 )
@@ -125,11 +126,11 @@ def dag_folder(tmp_path: Path) -> dict[str, str]:
     shared session's DAGs (dags/ip_count.py reads a spec this test's pipelines folder lacks) stay apart."""
     dags = tmp_path / "dags"
     dags.mkdir()
-    (tmp_path / "airflow").mkdir()
     (dags / f"{PIPELINE}.py").write_text(
         "from microbatch.airflow.dags import backfill_dag, pipeline_dag\n\n"
         f"dag = pipeline_dag({PIPELINE!r})\nbackfill = backfill_dag({PIPELINE!r})\n")
-    return {"AIRFLOW__CORE__DAGS_FOLDER": str(dags), "AIRFLOW_HOME": str(tmp_path / "airflow")}
+    home = migrated_airflow_home(tmp_path / "airflow")
+    return {"AIRFLOW__CORE__DAGS_FOLDER": str(dags), "AIRFLOW_HOME": str(home)}
 
 
 def run(env: dict[str, str], extra_env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:

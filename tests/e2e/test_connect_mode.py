@@ -1,11 +1,10 @@
 """The stage task in `spark.mode: connect`: Airflow dag.test() stages each batch as a client of one
-long-lived Spark Connect server (started once for this module), over real Kafka and PostgreSQL; the
+long-lived Spark Connect server (the suite's shared one, with a token), over real Kafka and PostgreSQL; the
 sink, the dead letters and the ledger are checked against an independent recount of the input."""
 
 from __future__ import annotations
 
 import itertools
-import json
 import os
 import re
 import socket
@@ -19,18 +18,16 @@ from sqlalchemy import make_url, text
 from microbatch.dev.datagen import generate_lines, produce_lines
 from microbatch.dev.spark import SparkConnectServer
 from microbatch.ledger.database import transaction
-from microbatch.spark_remote import SHARED_SESSION_SECONDS
+from microbatch.spark_remote import SHARED_SESSION_SECONDS, display
 from tests.e2e.helpers import assert_exactly_once, run_pipeline, write_test_spec
 
 pytestmark = pytest.mark.e2e
 
 
-@pytest.fixture(scope="module")
-def connect_server(tmp_path_factory: pytest.TempPathFactory):
-    server = SparkConnectServer(tmp_path_factory.mktemp("connect"), master="local[2]", driver_memory="1g")
-    server.start()
-    yield server
-    server.stop()
+@pytest.fixture
+def connect_server(spark_connect):
+    """The suite's shared, token-protected Spark Connect server (tests/conftest.py)."""
+    return spark_connect
 
 
 def connect_spec(directory: Path, topic: str, bootstrap: str, max_records: int, batches_per_run: int = 1) -> Path:
@@ -45,11 +42,10 @@ def connect_spec(directory: Path, topic: str, bootstrap: str, max_records: int, 
 
 
 def connect_env(service_env: dict[str, str], specs: Path, server: SparkConnectServer) -> dict[str, str]:
-    """The run's environment: the test specs, and the Airflow connection of the spark_connect type, which
-    SparkConnectHook turns into sc://127.0.0.1:PORT."""
-    connection = {"conn_type": "spark_connect", "host": "127.0.0.1", "port": server.port}
-    return {**service_env, "MICROBATCH_PIPELINES_DIR": str(specs),
-            "AIRFLOW_CONN_SPARK_CONNECT_DEFAULT": json.dumps(connection)}
+    """The run's environment: the test specs, and the server in MICROBATCH_SPARK_REMOTE (with its token), as the
+    local stack's env.sh sets it."""
+    assert service_env["MICROBATCH_SPARK_REMOTE"] == server.remote
+    return {**service_env, "MICROBATCH_PIPELINES_DIR": str(specs)}
 
 
 def run_exactly_once(env: dict[str, str], ledger_url: str, lines: list, coords: list, topic: str) -> str:
@@ -92,7 +88,8 @@ def test_ip_count_through_spark_connect_exactly_once(connect_server, service_env
 
     sessions = []
     for batch_id in (1, 2):
-        line = rf"stage ip_count: staged batch {batch_id} through Spark Connect at {re.escape(connect_server.remote)}"
+        at = re.escape(display(connect_server.remote))
+        line = rf"stage ip_count: staged batch {batch_id} through Spark Connect at {at}"
         found = re.search(line + r" in session (\w{8})(?!\w)", log)
         assert found, log[-4000:]
         sessions.append(found.group(1))

@@ -27,7 +27,7 @@ from microbatch.dev.datagen import generate_clicks, produce_lines
 from microbatch.failpoints import EXIT_CODE, FAILPOINT_DIR_ENV, FAILPOINTS_ENV
 from microbatch.ledger.database import transaction
 from microbatch.runtime import PROJECT_ROOT
-from tests.e2e.helpers import cli
+from tests.e2e.helpers import cli, migrated_airflow_home
 
 pytestmark = pytest.mark.e2e
 
@@ -62,12 +62,12 @@ def dag_folder(tmp_path: Path, *pipelines: str) -> dict[str, str]:
     """A DAG folder with only these pipelines' thin DAG files, and an Airflow home of its own."""
     dags = tmp_path / "dags"
     dags.mkdir()
-    (tmp_path / "airflow").mkdir()
     for name in pipelines:
         (dags / f"{name}.py").write_text(
             "from microbatch.airflow.dags import backfill_dag, maintenance_dag, pipeline_dag\n\n"
             f"dag = pipeline_dag({name!r})\nbackfill = backfill_dag({name!r})\nmaint = maintenance_dag({name!r})\n")
-    return {"AIRFLOW__CORE__DAGS_FOLDER": str(dags), "AIRFLOW_HOME": str(tmp_path / "airflow")}
+    home = migrated_airflow_home(tmp_path / "airflow")
+    return {"AIRFLOW__CORE__DAGS_FOLDER": str(dags), "AIRFLOW_HOME": str(home)}
 
 
 def cli_long(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:

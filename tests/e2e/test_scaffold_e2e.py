@@ -18,6 +18,7 @@ from sqlalchemy import text
 
 from microbatch.dev.kafka import create_topic
 from microbatch.ledger.database import transaction
+from tests.e2e.helpers import migrated_airflow_home
 from tests.e2e.test_demo_e2e import _fresh_copy
 
 pytestmark = pytest.mark.e2e
@@ -27,9 +28,9 @@ def _env(copy: Path, tmp_path: Path, service_env: dict[str, str]) -> dict[str, s
     """The copy's code, its dags/ and an Airflow home of its own; nothing points at this checkout."""
     env = {k: v for k, v in os.environ.items()
            if k not in ("MICROBATCH_PIPELINES_DIR", "AIRFLOW__CORE__DAGS_FOLDER", "AIRFLOW_HOME")}
-    (tmp_path / "airflow").mkdir(exist_ok=True)
+    home = migrated_airflow_home(tmp_path / "airflow")
     return {**env, **service_env, "PYTHONPATH": f"{copy / 'include'}{os.pathsep}{copy}",
-            "AIRFLOW__CORE__DAGS_FOLDER": str(copy / "dags"), "AIRFLOW_HOME": str(tmp_path / "airflow")}
+            "AIRFLOW__CORE__DAGS_FOLDER": str(copy / "dags"), "AIRFLOW_HOME": str(home)}
 
 
 def _run(env: dict[str, str], copy: Path, *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:

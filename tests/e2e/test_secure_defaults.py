@@ -37,7 +37,7 @@ from sqlalchemy import make_url, text
 from microbatch.dev.datagen import generate_lines, produce_lines
 from microbatch.dev.kafka import KafkaBroker, create_topic
 from microbatch.dev.process import free_port, listening_sockets
-from microbatch.dev.spark import SparkConnectServer, SparkStandalone
+from microbatch.dev.spark import SparkStandalone
 from microbatch.ledger.database import transaction
 from microbatch.runtime import cache_dir, spark_home
 from tests.e2e.helpers import assert_exactly_once, run_watching_arguments, write_test_spec
@@ -242,39 +242,35 @@ def connect_spec(directory: Path, topic: str, bootstrap: str, max_records: int) 
 
 
 def test_spark_connect_refuses_a_client_without_its_token_and_the_stage_runs_with_it(
-        service_env, topic, kafka, ledger_url, tmp_path: Path) -> None:
-    token = "connect-" + uuid.uuid4().hex
-    server = SparkConnectServer(tmp_path / "connect", token=token)
-    server.start()
-    try:
-        assert server.remote == f"sc://localhost:{server.port}/;token={token}"
-        assert token not in " ".join(psutil.Process(server.pid).cmdline())
-        assert "No authentication token provided" in connect_client(f"sc://localhost:{server.port}")
-        assert "Invalid authentication token" in connect_client(f"sc://localhost:{server.port}/;token=wrong")
-        assert "COUNT 7" in connect_client(server.remote)
-        # The compose file's form: a plaintext channel to a host other than localhost, the token as a header.
-        assert "COUNT 7" in connect_client(f"sc://127.0.0.1:{server.port}/;authorization=Bearer%20{token}")
-        assert all(s.loopback_only for s in listening_sockets(family([server.pid])))
+        spark_connect, service_env, topic, kafka, ledger_url, tmp_path: Path) -> None:
+    server = spark_connect  # the suite's server, started with a token as `make connect` starts the stack's
+    token = server.token
+    assert server.remote == f"sc://localhost:{server.port}/;token={token}"
+    assert token not in " ".join(psutil.Process(server.pid).cmdline())
+    assert "No authentication token provided" in connect_client(f"sc://localhost:{server.port}")
+    assert "Invalid authentication token" in connect_client(f"sc://localhost:{server.port}/;token=wrong")
+    assert "COUNT 7" in connect_client(server.remote)
+    # The compose file's form: a plaintext channel to a host other than localhost, the token as a header.
+    assert "COUNT 7" in connect_client(f"sc://127.0.0.1:{server.port}/;authorization=Bearer%20{token}")
+    assert all(s.loopback_only for s in listening_sockets(family([server.pid])))
 
-        # The stage through it: the remote (with its token) reaches the task through the environment only.
-        specs = connect_spec(tmp_path / "pipelines", topic, kafka.bootstrap_servers, max_records=1500)
-        env = {**service_env, "MICROBATCH_PIPELINES_DIR": str(specs), "MICROBATCH_SPARK_REMOTE": server.remote}
-        lines = generate_lines(2_000, ips=20, span_seconds=30, out_of_order=0.1, malformed=0.05, seed=23)
-        coords = produce_lines(kafka.bootstrap_servers, topic, lines)
-        password = make_url(ledger_url).password
-        started = time.time()
-        run = run_watching_arguments(env, [token, password], tmp_path / "run.log", max_runs=3)
-        assert run.returncode == 0, run.log[-4000:]
-        assert not run.leaked, run.leaked
-        assert f"through Spark Connect at sc://localhost:{server.port}" in run.log
-        assert_exactly_once(ledger_url, env, lines, coords, f"{topic}_out")
-        # `microbatch run` prints the task logs (dag.test); any log file written meanwhile is checked too.
-        assert "staged batch 1 through Spark Connect" in run.log and "rows merged into ip_counts" in run.log
-        logs = {str(path): path.read_text(errors="replace")
-                for path in Path(os.environ["AIRFLOW_HOME"]).rglob("*.log") if path.stat().st_mtime >= started}
-        assert not leaks({"token": token, "ledger password": password}, {"the task logs": run.log, **logs})
-    finally:
-        server.stop()
+    # The stage through it: the remote (with its token) reaches the task through the environment only.
+    specs = connect_spec(tmp_path / "pipelines", topic, kafka.bootstrap_servers, max_records=1500)
+    env = {**service_env, "MICROBATCH_PIPELINES_DIR": str(specs), "MICROBATCH_SPARK_REMOTE": server.remote}
+    lines = generate_lines(2_000, ips=20, span_seconds=30, out_of_order=0.1, malformed=0.05, seed=23)
+    coords = produce_lines(kafka.bootstrap_servers, topic, lines)
+    password = make_url(ledger_url).password
+    started = time.time()
+    run = run_watching_arguments(env, [token, password], tmp_path / "run.log", max_runs=3)
+    assert run.returncode == 0, run.log[-4000:]
+    assert not run.leaked, run.leaked
+    assert f"through Spark Connect at sc://localhost:{server.port}" in run.log
+    assert_exactly_once(ledger_url, env, lines, coords, f"{topic}_out")
+    # `microbatch run` prints the task logs (dag.test); any log file written meanwhile is checked too.
+    assert "staged batch 1 through Spark Connect" in run.log and "rows merged into ip_counts" in run.log
+    logs = {str(path): path.read_text(errors="replace")
+            for path in Path(os.environ["AIRFLOW_HOME"]).rglob("*.log") if path.stat().st_mtime >= started}
+    assert not leaks({"token": token, "ledger password": password}, {"the task logs": run.log, **logs})
 
 
 # --- the local stack, as `make airflow` + `make connect` run it -----------------------------------------------

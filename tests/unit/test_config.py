@@ -136,6 +136,16 @@ def test_auto_mode_resolves_by_the_connect_server_and_takes_that_modes_connectio
     assert explicit.resolved(True) == explicit  # only auto follows the server
 
 
+def test_the_maintenance_spark_submit_takes_the_default_spark_connection_in_every_mode(tmp_path):
+    data = base()
+    for mode, connection in (("auto", None), ("connect", "my_connect"), ("submit", "my_cluster")):
+        data["spark"] = {"mode": mode, "conf": {"spark.sql.shuffle.partitions": "4"},
+                         **({"connection": connection} if connection else {})}
+        spark = load_spec(write(tmp_path, data)).spark.for_submit()
+        assert (spark.mode, spark.connection) == ("submit", connection if mode == "submit" else "spark_default")
+        assert spark.conf == {"spark.sql.shuffle.partitions": "4"}
+
+
 def test_auto_mode_refuses_a_connection_and_server_side_settings(tmp_path):
     data = base()
     data["spark"] = {"mode": "auto", "connection": "spark_default"}

@@ -37,10 +37,12 @@ def backfill_dag(name: str) -> DAG:
 
 def maintenance_dag(name: str) -> DAG | None:
     """The `<pipeline>__maintenance` DAG of a pipeline with Delta sinks (None without): compaction and vacuum of
-    its tables, on the schedule of its first Delta sink's `maintenance`."""
+    its tables, on the schedule of its first Delta sink's `maintenance`. The job is a spark-submit in every
+    `spark.mode`: a pipeline that stages through Spark Connect maintains on the default Spark connection."""
     spec = find_spec(name)
     if not spec.lake_sinks:
         return None
+    spec = spec.model_copy(update={"spark": spec.spark.for_submit()})
     with DAG(dag_id=f"{spec.name}__maintenance", schedule=spec.lake_sinks[0].maintenance.schedule,
              start_date=datetime(2024, 1, 1), catchup=False, max_active_runs=1, default_args=_default_args(spec),
              description=f"Compact and vacuum the Delta tables of {spec.name}",
