@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import math
 import os
 import re
 from datetime import UTC, datetime, timedelta
@@ -578,10 +579,26 @@ _SINK_TAGS = {"postgres_aggregate", "postgres_append", "postgres_upsert", "kafka
 
 
 class RetrySpec(_Strict):
-    """Task retries: Flink's `fixedDelayRestart(3, 10s)` by default."""
+    """Task retries: 3 by default, the first after 10 s, each next one `backoff` times later (Airflow adds up to one
+    delay again, so that retries of several tasks spread), at most `max_delay_seconds` apart: 10-20 s, 20-40 s and
+    40-80 s, so that a service restarting meanwhile (a Spark Connect server, a broker) is found again. `backoff: 1`
+    is Flink's `fixedDelayRestart(3, 10s)`."""
 
     count: int = Field(default=3, ge=0, le=20)
     delay_seconds: float = Field(default=10.0, ge=0)
+    backoff: float = Field(default=2.0, ge=1)
+    max_delay_seconds: float = Field(default=120.0, gt=0)
+
+    def delay_bounds(self) -> list[tuple[float, float]]:
+        """The (shortest, longest) wait before each retry, in seconds, as Airflow computes it from
+        `retry_delay`, `retry_exponential_backoff` and `max_retry_delay`."""
+        if self.backoff == 1:
+            return [(self.delay_seconds, self.delay_seconds)] * self.count
+        bounds = []
+        for retry in range(self.count):
+            low = max(1, math.ceil(self.delay_seconds * self.backoff ** retry))
+            bounds.append((min(low, self.max_delay_seconds), min(2 * low - 1, self.max_delay_seconds)))
+        return bounds
 
 
 SPARK_CONNECTION_DEFAULTS = {"submit": "spark_default", "connect": "spark_connect_default"}

@@ -8,9 +8,10 @@ from __future__ import annotations
 import logging
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 
 from microbatch.dev import localenv
@@ -27,6 +28,8 @@ class RunOutcome:
     state: str
     task_states: dict[str, str]
     task_seconds: dict[str, float] = field(default_factory=dict)
+    """Each task's seconds over all its tries."""
+    task_tries: dict[str, int] = field(default_factory=dict)
 
     @property
     def caught_up(self) -> bool:
@@ -75,18 +78,46 @@ def run_once(pipeline: str, backfill: dict | None = None, maintenance: bool = Fa
     instances = sorted(dag_run.get_task_instances(), key=lambda ti: (ti.start_date is None, ti.start_date or 0,
                                                                    ti.task_id))
     states = {ti.task_id: str(ti.state) for ti in instances}
-    seconds = {ti.task_id: (ti.end_date - ti.start_date).total_seconds() for ti in instances
-               if ti.start_date and ti.end_date}
-    return RunOutcome(dag_run.run_id, str(dag_run.state), states, seconds)
+    tries = [(ti.task_id, ti.start_date, ti.end_date) for ti in instances]
+    tries += _earlier_tries(dag.dag_id, dag_run.run_id)
+    return RunOutcome(dag_run.run_id, str(dag_run.state), states, *task_seconds(tries))
 
 
-def run_until_caught_up(pipeline: str, max_runs: int = 20) -> list[RunOutcome]:
-    """Repeat DAG runs until `plan` finds nothing new (or a run fails, or `max_runs` is reached)."""
+def _earlier_tries(dag_id: str, run_id: str) -> list[tuple[str, datetime | None, datetime | None]]:
+    """(task id, start, end) of every failed try before a task's last one, from Airflow's task instance history."""
+    from airflow.models.taskinstancehistory import TaskInstanceHistory as History
+    from airflow.utils.session import create_session
+    from sqlalchemy import select
+
+    with create_session() as session:
+        rows = session.execute(select(History.task_id, History.start_date, History.end_date)
+                               .where(History.dag_id == dag_id, History.run_id == run_id)).all()
+    return [tuple(row) for row in rows]
+
+
+def task_seconds(tries: list[tuple[str, datetime | None, datetime | None]]) -> tuple[dict[str, float],
+                                                                                    dict[str, int]]:
+    """Each task's seconds added up over all its tries (the waits between them not counted), and its tries."""
+    seconds: dict[str, float] = {}
+    counts: dict[str, int] = {}
+    for task_id, start, end in tries:
+        if start and end:
+            seconds[task_id] = seconds.get(task_id, 0.0) + (end - start).total_seconds()
+            counts[task_id] = counts.get(task_id, 0) + 1
+    return seconds, counts
+
+
+def run_until_caught_up(pipeline: str, max_runs: int = 20,
+                        on_outcome: Callable[[RunOutcome], None] | None = None) -> list[RunOutcome]:
+    """Repeat DAG runs until `plan` finds nothing new (or a run fails, or `max_runs` is reached); `on_outcome` is
+    called with each run's outcome as soon as the run ends."""
     outcomes = []
     for _ in range(max_runs):
         outcome = run_once(pipeline)
         outcomes.append(outcome)
         log.info("run %s: %s %s", outcome.run_id, outcome.state, outcome.task_states)
+        if on_outcome is not None:
+            on_outcome(outcome)
         if outcome.caught_up or outcome.state != "success":
             break
     return outcomes

@@ -5,9 +5,13 @@ sink, the dead letters and the ledger are checked against an independent recount
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import re
+import signal
 import socket
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -17,7 +21,9 @@ from sqlalchemy import make_url, text
 
 from microbatch.dev.datagen import generate_lines, produce_lines
 from microbatch.dev.spark import SparkConnectServer
+from microbatch.failpoints import FAILPOINT_DIR_ENV, FAILPOINTS_ENV
 from microbatch.ledger.database import transaction
+from microbatch.runtime import cache_dir
 from microbatch.spark_remote import SHARED_SESSION_SECONDS, display
 from tests.e2e.helpers import assert_exactly_once, run_pipeline, write_test_spec
 
@@ -180,3 +186,71 @@ def _share_and_reopen(connect_server: SparkConnectServer) -> None:
     assert third.range(5).count() == 5 and server_session(third) != shared
     assert third.release_session_on_close  # a session of its own, released when the task ends
     third.stop()
+
+
+def test_the_local_stacks_connect_server_killed_mid_stage_is_restarted_and_the_run_ends_exactly_once(
+        service_env, topic, kafka, ledger_url, tmp_path):
+    """The shipped default on one machine: `make connect`'s server (a cache of this test's own, so neither the
+    suite's server nor a developer's is touched). Its JVM is SIGKILLed while the stage holds after "reading"
+    (`stage.before_read=pause`): the stage gives up within the bounded Connect retries with its sentence, Airflow's
+    retry finds the server dead, the local stack starts it again on the same port with the same token, the retry
+    stages the batch, and the run ends exactly once, and exits."""
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    for name in ("jars", "m2"):
+        (cache / name).symlink_to(cache_dir() / name)
+    stack = {**os.environ, "MICROBATCH_CACHE_DIR": str(cache)}
+    up = subprocess.run([sys.executable, "-m", "microbatch.dev.stack", "connect"], env=stack, capture_output=True,
+                        text=True, timeout=300, check=False)
+    assert up.returncode == 0, up.stdout + up.stderr
+    state_file = cache / "devstack" / "state.json"
+    state = json.loads(state_file.read_text())
+    remote, port, first_pid = state["env"]["MICROBATCH_SPARK_REMOTE"], state["connect_port"], state["connect_pid"]
+    assert state["connect_token"] not in up.stdout + up.stderr, "make connect printed its token"
+    try:
+        specs = connect_spec(tmp_path / "pipelines", topic, kafka.bootstrap_servers, 100_000)
+        env = {**service_env, "MICROBATCH_PIPELINES_DIR": str(specs), "MICROBATCH_CACHE_DIR": str(cache),
+               "MICROBATCH_SPARK_REMOTE": remote, FAILPOINTS_ENV: "stage.before_read=pause:6",
+               FAILPOINT_DIR_ENV: str(tmp_path / "fired")}
+        lines = generate_lines(2_000, ips=20, span_seconds=30, out_of_order=0.1, malformed=0.05, seed=44)
+        coords = produce_lines(kafka.bootstrap_servers, topic, lines)
+
+        started = time.monotonic()
+        with (tmp_path / "run.log").open("w") as out:
+            run = subprocess.Popen([sys.executable, "-m", "microbatch.cli", "run", "ip_count", "--max-runs", "3"],
+                                   env={**os.environ, **env}, stdout=out, stderr=subprocess.STDOUT)
+            try:
+                deadline = time.monotonic() + 300
+                while not (tmp_path / "fired" / "stage.before_read").exists():
+                    assert run.poll() is None and time.monotonic() < deadline, (tmp_path / "run.log").read_text()
+                    time.sleep(0.2)
+                killed_at = time.monotonic()
+                os.killpg(first_pid, signal.SIGKILL)  # the server's whole group: the JVM and its Python workers
+                returncode = run.wait(timeout=900)  # a hang guard, not a timing: the test fails past it
+            finally:
+                if run.poll() is None:
+                    run.kill()
+        ended = time.monotonic()
+        log = (tmp_path / "run.log").read_text()
+        assert returncode == 0, log[-5000:]
+        gone = f"Cannot reach the Spark Connect server at {display(remote)}: the server went away during the stage"
+        assert gone in log, log[-5000:]
+        assert "had died: started it again on the same port with the same token" in log, log[-5000:]
+        assert_exactly_once(ledger_url, env, lines, coords, f"{topic}_out")
+        restarted = json.loads(state_file.read_text())
+        assert restarted["connect_port"] == port and restarted["env"]["MICROBATCH_SPARK_REMOTE"] == remote
+        assert restarted["connect_pid"] != first_pid
+        for secret in (state["connect_token"], make_url(ledger_url).password):
+            assert secret not in log
+            assert secret not in (cache / "devstack" / "connect" / "connect-server.log").read_text(errors="replace")
+        print(f"killed {killed_at - started:.1f} s into the run; the run ended {ended - killed_at:.1f} s later")
+    finally:
+        down = subprocess.run([sys.executable, "-m", "microbatch.dev.stack", "down"], env=stack,
+                              capture_output=True, text=True, timeout=120, check=False)
+        assert down.returncode == 0, down.stdout + down.stderr
+    assert not socket_open(port), "make down left the restarted Connect server running"
+
+
+def socket_open(port: int) -> bool:
+    with socket.socket() as sock:
+        return sock.connect_ex(("127.0.0.1", port)) == 0

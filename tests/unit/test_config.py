@@ -187,3 +187,22 @@ def test_a_key_column_missing_from_the_columns_is_refused_by_name(tmp_path):
         load_spec(write(tmp_path, data))
     assert f"field 'sinks.{index}' keys: nosuch is not among the columns; declare it in columns" in str(error.value)
     assert "\n" not in str(error.value)
+
+
+def test_retries_back_off_exponentially_up_to_a_bound_and_reach_airflow(tmp_path):
+    from microbatch.airflow.dags import _default_args
+    from microbatch.config import RetrySpec
+
+    assert RetrySpec().delay_bounds() == [(10, 19), (20, 39), (40, 79)]
+    assert RetrySpec(count=5, delay_seconds=30).delay_bounds() == [(30, 59), (60, 119), (120, 120), (120, 120),
+                                                                    (120, 120)]
+    assert RetrySpec(count=2, delay_seconds=7, backoff=1).delay_bounds() == [(7, 7), (7, 7)]
+    assert RetrySpec(count=3, delay_seconds=0).delay_bounds() == [(1, 1)] * 3  # Airflow waits 1 s at least
+    with pytest.raises(ValueError, match="backoff"):
+        RetrySpec(backoff=0.5)
+
+    data = base()
+    data.pop("retries", None)
+    args = _default_args(load_spec(write(tmp_path, data)))
+    assert (args["retries"], args["retry_delay"].total_seconds(), args["retry_exponential_backoff"],
+            args["max_retry_delay"].total_seconds()) == (3, 10, 2.0, 120)

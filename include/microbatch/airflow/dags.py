@@ -73,6 +73,8 @@ def _default_args(spec: PipelineSpec) -> dict[str, Any]:
     return {
         "retries": spec.retries.count,
         "retry_delay": timedelta(seconds=spec.retries.delay_seconds),
+        "retry_exponential_backoff": spec.retries.backoff if spec.retries.backoff != 1 else 0,
+        "max_retry_delay": timedelta(seconds=spec.retries.max_delay_seconds),
         "owner": "microbatch",
     }
 

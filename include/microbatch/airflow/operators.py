@@ -22,7 +22,7 @@ from sqlalchemy.exc import OperationalError
 
 from microbatch.airflow import hooks
 from microbatch.config import PipelineSpec, encode_spec
-from microbatch.errors import MicrobatchError
+from microbatch.errors import MicrobatchError, TransientServiceError
 from microbatch.kafka.security import security_scope
 from microbatch.ledger.database import unreachable
 from microbatch.runtime import PROJECT_ROOT, RUN_BATCH, library_zip, spark_jars
@@ -184,7 +184,7 @@ class ConnectStageOperator(BaseOperator):
         url = resolved(hooks.ledger_url)
         kafka = resolved(hooks.kafka_settings, spec.source.connection)
         remote = resolved(hooks.spark_remote, spec.spark.connection)
-        resolved(connect.check_reachable, remote, spec.spark.connection)
+        resolved(reachable, remote, spec.spark.connection)
         with task_errors(url), security_scope(kafka.security), connect_client_scope():
             spark = None
             try:
@@ -211,6 +211,21 @@ class ConnectStageOperator(BaseOperator):
                  "batch" if len(done) == 1 else "batches", ",".join(str(i) for i in ids if i in done) or "none",
                  connect.display(remote), session,
                  f" ({','.join(others)} already staged or committed)" if others else "")
+
+
+def reachable(remote: str, conn_id: str) -> None:
+    """Probe the Spark Connect server (one sentence if it is down). The local stack's own server (`make connect`,
+    `make demo`), found dead, is started again on its port with its token first; any other server is the user's."""
+    from microbatch import spark_remote as connect
+
+    try:
+        connect.check_reachable(remote, conn_id)
+    except TransientServiceError:
+        from microbatch.dev.stack import restart_dead_connect
+
+        if not restart_dead_connect(remote):
+            raise
+        connect.check_reachable(remote, conn_id)
 
 
 STAGE_OPERATORS: dict[str, type[SubmitStageOperator] | type[ConnectStageOperator]] = {

@@ -16,6 +16,7 @@ from microbatch.dev.process import free_port, port_open, terminate_group, wait_u
 from microbatch.runtime import PROJECT_ROOT, spark_jars
 from microbatch.runtime import spark_home as runtime_spark_home
 from microbatch.sinks import delta
+from microbatch.spark_remote import display
 
 log = logging.getLogger(__name__)
 # Where the Spark Connect server (and the PySpark client, when the URL has no token) reads its token.
@@ -190,8 +191,10 @@ class SparkConnectServer:
                 raise RuntimeError(f"the Spark Connect server exited with {process.returncode}; see {self.log_file}")
             return port_open(self.port)
 
-        wait_until(ready, timeout, f"Spark Connect server on {self.remote}", self.log_file)
-        log.info("Spark Connect server up on %s (pid %s)", self.remote, process.pid)
+        # Never the remote itself in a message: it holds the token.
+        wait_until(ready, timeout, f"Spark Connect server on {display(self.remote)}", self.log_file)
+        log.info("Spark Connect server up on %s (pid %s)%s", display(self.remote), process.pid,
+                 ", token required" if self.token else "")
         return self
 
     @property

@@ -132,22 +132,49 @@ def connect() -> str:
         remote = state.get("env", {}).get(SPARK_REMOTE_ENV) or f"sc://127.0.0.1:{state['connect_port']}"
         print(f"Spark Connect server already up on {display(remote)} (pid {state['connect_pid']})")
     else:
-        _stop_connect(state)
-        state["stack_id"] = _mark_stack(state)
-        # One token per stack, kept across restarts like the port, so an exported remote stays valid.
-        state["connect_token"] = state.get("connect_token") or secrets.token_urlsafe(32)
-        _save_state(state)
-        port = state.get("connect_port")  # the recorded port keeps the exported remote valid, if it is free
-        server = SparkConnectServer(cache_dir() / "devstack" / "connect",
-                                    port=port if port and not port_open(port) else None, token=state["connect_token"])
-        server.start()
+        server = _start_connect(state)
         remote = server.remote
-        state = {**_load_state(), "connect_port": server.port, "connect_pid": server.pid}
-        state["env"] = {**state.get("env", {}), SPARK_REMOTE_ENV: remote}
-        _save_state(state)
         print(f"Spark Connect server up on {display(remote)}, token required; log: {server.log_file}")
     print(f"source {cache_dir() / 'devstack' / 'env.sh'}   # exports {SPARK_REMOTE_ENV} with the token")
     return remote
+
+
+def _start_connect(state: dict) -> SparkConnectServer:
+    """Start the stack's Spark Connect server, detached, on its recorded port if that is free and with its token
+    (one per stack, kept across restarts like the port, so an exported remote stays valid); record it."""
+    _stop_connect(state)
+    state["stack_id"] = _mark_stack(state)
+    state["connect_token"] = state.get("connect_token") or secrets.token_urlsafe(32)
+    _save_state(state)
+    port = state.get("connect_port")
+    server = SparkConnectServer(cache_dir() / "devstack" / "connect",
+                                port=port if port and not port_open(port) else None, token=state["connect_token"])
+    server.start()
+    state = {**_load_state(), "connect_port": server.port, "connect_pid": server.pid}
+    state["env"] = {**state.get("env", {}), SPARK_REMOTE_ENV: server.remote}
+    _save_state(state)
+    return server
+
+
+def restart_dead_connect(remote: str) -> bool:
+    """Start the local stack's Spark Connect server again if `remote` is the one the stack recorded and that server
+    is dead, on the same port with the same token (so `remote` stays valid); True if it did. A server the stack did
+    not start (another remote, or a recorded port someone else now holds) is never touched."""
+    from microbatch.spark_remote import display
+
+    state = _load_state()
+    if not remote or state.get("env", {}).get(SPARK_REMOTE_ENV) != remote or _connect_alive(state):
+        return False
+    port = state.get("connect_port")
+    if not port or port_open(port):
+        return False
+    started = time.monotonic()
+    server = _start_connect(state)
+    if server.port != port:  # cannot happen while the port is free; never leave a remote that points nowhere
+        return False
+    log.warning("the local stack's Spark Connect server at %s had died: started it again on the same port with "
+                "the same token in %.1f s (pid %s)", display(remote), time.monotonic() - started, server.pid)
+    return True
 
 
 def _stop_connect(state: dict) -> None:

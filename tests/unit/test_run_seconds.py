@@ -1,0 +1,21 @@
+"""A run's summary counts each task's seconds over all its tries (Airflow keeps the failed ones in its history)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+from microbatch.runner import task_seconds
+
+T0 = datetime(2026, 11, 27, 12, 0, tzinfo=UTC)
+
+
+def test_seconds_add_up_over_the_tries_and_count_them():
+    tries = [
+        ("stage", T0, T0 + timedelta(seconds=63.5)),  # the try that found the server gone
+        ("stage", T0 + timedelta(seconds=65), T0 + timedelta(seconds=105)),  # the retry, 1.5 s of wait not counted
+        ("plan", T0 - timedelta(seconds=5), T0 - timedelta(seconds=1)),
+        ("commit", None, None),  # never started
+    ]
+    seconds, counts = task_seconds(tries)
+    assert seconds == {"stage": 103.5, "plan": 4.0}
+    assert counts == {"stage": 2, "plan": 1}
