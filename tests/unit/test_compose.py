@@ -96,3 +96,9 @@ def test_the_compose_scheduler_preloads_the_task_modules_as_the_local_stack_does
 
     env = services()["airflow-scheduler"]["environment"]
     assert {key: env.get(key) for key in PRELOAD} == PRELOAD
+
+
+def test_every_long_running_service_restarts_and_the_one_shot_init_until_it_completes():
+    for name, service in services().items():
+        expected = "on-failure" if name == "airflow-init" else "unless-stopped"
+        assert service.get("restart") == expected, f"{name}: restart is {service.get('restart')!r}"
