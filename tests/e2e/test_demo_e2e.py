@@ -19,6 +19,7 @@ from datetime import datetime
 from pathlib import Path
 
 import pytest
+from sqlalchemy import make_url
 
 from microbatch.dev.process import port_open
 from tests.e2e.helpers import read_topic
@@ -168,6 +169,31 @@ def test_make_demo_on_a_fresh_copy_prints_exact_results_and_runs_again(tmp_path:
         clicks = _source_records(state["env"]["MICROBATCH_KAFKA_BOOTSTRAP"], "clicks_source")
         assert len(clicks) == 4_000
         assert _clicks_raw_rows(output2) == sum(1 for v in clicks if _valid_click(v))
+
+        # `make connect` on the running stack reuses its server; then the secrets sweep: no Connect token or
+        # ledger password in anything the commands printed or the stack wrote (task logs, the Connect server's
+        # log, Kafka's and PostgreSQL's logs, Airflow's files), except its owner-only state.json and env.sh.
+        connect_again = _make(copy, "connect")
+        assert connect_again.returncode == 0, connect_again.stdout + connect_again.stderr
+        assert "already up" in connect_again.stdout, connect_again.stdout
+        state = json.loads((copy / ".cache" / "devstack" / "state.json").read_text())
+        secrets = {"the Connect token": state["connect_token"],
+                   "the ledger password": make_url(state["env"]["MICROBATCH_LEDGER_URL"]).password}
+        assert all(secrets.values()), "the stack has no token or no password to sweep for"
+        for name in ("state.json", "env.sh"):
+            assert (copy / ".cache" / "devstack" / name).stat().st_mode & 0o077 == 0, f"{name} is not owner-only"
+        written = {"make demo": output, "the second make demo": output2, "make connect": connect_again.stdout +
+                   connect_again.stderr, "status": status.stdout + status.stderr, "history": history.stdout}
+        swept = 0
+        for path in (copy / ".cache").rglob("*"):
+            if path.is_file() and path.name not in ("state.json", "env.sh") and not {"m2", "jars"} & set(
+                    path.relative_to(copy / ".cache").parts) and path.stat().st_size < 50_000_000:
+                written[str(path)] = path.read_bytes().decode(errors="replace")
+                swept += 1
+        assert swept > 20 and any("connect-server" in name for name in written), sorted(written)[:50]
+        leaked = [(secret, where) for secret, value in secrets.items() for where, text in written.items()
+                  if value in text]
+        assert not leaked, leaked
     finally:
         down = _make(copy, "down")
     assert down.returncode == 0, down.stdout + down.stderr

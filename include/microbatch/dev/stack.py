@@ -52,12 +52,16 @@ def _load_state() -> dict:
 
 
 def _save_state(state: dict) -> None:
-    """Write the state (it holds the ledger password: owner-only) and `env.sh` with its environment."""
+    """Write the state and `env.sh` with its environment (both hold the ledger password and the Connect token:
+    owner-only)."""
     root = cache_dir() / "devstack"
     root.mkdir(parents=True, exist_ok=True)
     _state_file().write_text(json.dumps(state, indent=2))
     _state_file().chmod(0o600)
-    (root / "env.sh").write_text("".join(f"export {k}='{v}'\n" for k, v in state.get("env", {}).items()))
+    env_sh = root / "env.sh"
+    env_sh.touch(mode=0o600)
+    env_sh.chmod(0o600)  # before the secrets are written: the ledger password and the Connect token
+    env_sh.write_text("".join(f"export {k}='{v}'\n" for k, v in state.get("env", {}).items()))
     (root / "env.sh").chmod(0o600)
 
 
