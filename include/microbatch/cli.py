@@ -2,7 +2,8 @@
 
 Every command finds its connections the same way: the environment first, else the local stack that
 `make demo` or `make airflow` started. Every error is one sentence on the cause and the fix, and a
-non-zero exit; no traceback.
+non-zero exit; no traceback. The commands that run a DAG (`run`, `backfill`, `maintain`, `demo`) print one
+line per DAG run and a failed run's cause; Airflow's and the tasks' log lines go to a file.
 """
 
 from __future__ import annotations
@@ -10,9 +11,11 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import sys
 import time
-from collections.abc import Iterator
+import traceback
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
@@ -20,22 +23,27 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from microbatch import settings
 from microbatch.dev import localenv
-from microbatch.errors import MicrobatchError, SpecError
+from microbatch.errors import MicrobatchError, SpecError, error_summary
 from microbatch.runtime import cache_dir
 
 if TYPE_CHECKING:
     from microbatch.config import DeltaSink
+    from microbatch.runner import RunOutcome
 
 app = typer.Typer(help="Exactly-once Kafka micro-batches: ledger, data and local stack.", no_args_is_help=True,
                   pretty_exceptions_enable=False)
 # Piped output is not cut to 80 columns: tables keep their rows whole for grep and for files.
 console = Console(soft_wrap=True, width=None if sys.stdout.isatty() else int(os.environ.get("COLUMNS") or 0) or 250)
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
+LogFile = Annotated[Path | None, typer.Option(
+    help="The file Airflow's and the tasks' log lines are appended to (default: a new one in .cache/logs/); the "
+    "terminal gets only one line per DAG run, and a failed run's cause.")]
 
 
 def _ledger_url() -> str:
@@ -79,17 +87,20 @@ def _partitions_param(text: str) -> str | list[int]:
 
 
 @contextmanager
-def _output_to(path: Path) -> Iterator[None]:
-    """Send everything this process and its children print (Airflow's log, spark-submit's) to `path`."""
+def _output_to(path: Path) -> Iterator[Console]:
+    """Send everything this process and its children print (Airflow's log, spark-submit's) to `path`, appended;
+    yields a console that still prints where this process's output went before (the terminal)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     sys.stdout.flush()
     sys.stderr.flush()
     saved = os.dup(1), os.dup(2)
-    with path.open("a") as log_file:
+    with path.open("a") as log_file, os.fdopen(os.dup(saved[0]), "w", buffering=1, errors="replace",
+                                               encoding=sys.stdout.encoding or "utf-8") as terminal:
+        out = Console(file=terminal, soft_wrap=True, width=console.width)  # measured while fd 1 is the terminal
         os.dup2(log_file.fileno(), 1)
         os.dup2(log_file.fileno(), 2)
         try:
-            yield
+            yield out
         finally:
             sys.stdout.flush()
             sys.stderr.flush()
@@ -106,7 +117,133 @@ def _quiet_clients() -> None:
 
 
 def _run_log_path(name: str) -> Path:
-    return cache_dir() / "logs" / f"{name}-{datetime.now(UTC):%Y%m%dT%H%M%S}.log"
+    """A new log file for the DAG runs of `name`, one per process (a run and a backfill may start together)."""
+    return cache_dir() / "logs" / f"{name}-{datetime.now(UTC):%Y%m%dT%H%M%S}-{os.getpid()}.log"
+
+
+DRIVER_ERROR = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} ERROR microbatch[\w.]*: (?P<sentence>.+?)"
+                          r"(?: \[[\w.]+\] loc=\S+.*)?$")
+"""An ERROR line of a "microbatch" logger in a spark-submit driver (spark_jobs/run_batch.py's format), as it is in
+the log: alone, or inside the line of Airflow's SparkSubmitHook that copied it (then followed by that logger's name
+and location)."""
+
+
+def _run_line(outcome: RunOutcome) -> str:
+    """A DAG run in one line: its id, its state, and each task's state and seconds (over all its tries, and how many
+    when it was retried), in the order the tasks ran."""
+    def step(task: str, state: str) -> str:
+        seconds = outcome.task_seconds.get(task)
+        tries = outcome.task_tries.get(task, 1)
+        return f"{task} {state}" + ("" if seconds is None else f" {seconds:.1f}s") + (
+            f" in {tries} tries" if tries > 1 else "")
+
+    return f"{outcome.run_id}: {outcome.state} ({', '.join(step(t, s) for t, s in outcome.task_states.items())})"
+
+
+def run_cause(logged: list[tuple[int, str]], chunk: bytes, start: int) -> str | None:
+    """The one-sentence cause of a failed DAG run: the last ERROR line of a "microbatch" logger in it (a task's
+    `fail()`). Those written in this process are `logged`, each with the log file's size when it was written; those
+    of spark-submit drivers are found in `chunk`, the bytes the run added to the log file from offset `start`.
+    None when the run logged no such line."""
+    lines = list(logged)
+    at = start
+    for line in chunk.splitlines(keepends=True):
+        found = DRIVER_ERROR.search(line.decode(errors="replace").rstrip())
+        if found:
+            lines.append((at, found["sentence"]))
+        at += len(line)
+    return sorted(lines, key=lambda line: line[0])[-1][1].strip() if lines else None
+
+
+def _no_cause(outcome: RunOutcome) -> str:
+    """What a failed run says when none of its tasks logged a one-sentence cause: an unexpected error."""
+    failed = [task for task, state in outcome.task_states.items() if state == "failed"]
+    what = f"The {' and '.join(failed)} task{'s' if len(failed) > 1 else ''}" if failed else "The DAG run"
+    return f"{what} failed on an unexpected error, with no one-sentence cause: its traceback is in the full log."
+
+
+def _masked(text: str) -> str:
+    """`text` with the secrets Airflow masks in its task logs shown as ***, as the log file has them (a process in
+    which no task ran has not loaded the masker, and it knows no secret)."""
+    masker = sys.modules.get("airflow.sdk._shared.secrets_masker")
+    return text if masker is None else str(masker.redact(text))
+
+
+class _ErrorLines(logging.Handler):
+    """The ERROR lines of the "microbatch" loggers in this process, each with `where()`: the log file's size when
+    the line was written, so that they can be ordered with the drivers' lines in the file."""
+
+    def __init__(self, where: Callable[[], int]) -> None:
+        super().__init__(logging.ERROR)
+        self.where = where
+        self.lines: list[tuple[int, str]] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            self.lines.append((self.where(), record.getMessage()))
+        except Exception:  # a handler never fails the code that logs
+            self.handleError(record)
+
+
+def _log_for(name: str, given: Path | None, doing: str) -> Path:
+    """The log file of this command's DAG runs (`given`, else a new one), announced with what is about to run."""
+    path = (given or _run_log_path(name)).absolute()
+    console.print(f"{doing}; Airflow's task log: {path}", highlight=False, markup=False)
+    return path
+
+
+@contextmanager
+def _dag_runs(log_file: Path) -> Iterator[Callable[[RunOutcome], None]]:
+    """Airflow's and the tasks' log lines go to `log_file`, never to the terminal. Yields `report`, to be called
+    with each DAG run's outcome as the run ends: it prints the run's line and, when the run failed, its cause (the
+    last ERROR line microbatch logged in it) and where the full log is. An error that stops the runs leaves its
+    traceback in the file and reaches the terminal as one sentence; Ctrl-C exits 130, its traceback in the file."""
+
+    def size() -> int:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        return log_file.stat().st_size
+
+    def log_traceback() -> None:
+        size()  # what was written before it, first
+        with log_file.open("a") as log:
+            log.write(traceback.format_exc())
+
+    with _output_to(log_file) as terminal:
+        errors = _ErrorLines(size)
+        microbatch_log = logging.getLogger("microbatch")
+        microbatch_log.addHandler(errors)
+        start = size()
+
+        def report(outcome: RunOutcome) -> None:
+            nonlocal start
+            end = size()
+            terminal.print(_run_line(outcome), highlight=False, markup=False)
+            if outcome.state != "success":
+                with log_file.open("rb") as log:
+                    log.seek(start)
+                    cause = run_cause(errors.lines, log.read(max(end - start, 0)), start) or _no_cause(outcome)
+                terminal.print(f"[red]error:[/red] {escape(_masked(cause))}", highlight=False)
+                terminal.print(f"full log: {log_file}", highlight=False, markup=False)
+            errors.lines.clear()
+            start = end
+
+        try:
+            yield report
+        except KeyboardInterrupt:
+            log_traceback()
+            terminal.print(f"interrupted; full log: {log_file}", highlight=False, markup=False)
+            raise typer.Exit(130) from None
+        except typer.Exit:
+            raise
+        except Exception as exc:
+            log_traceback()
+            if _sentence(exc) is None:  # main() prints the others' sentence
+                raise MicrobatchError(f"The DAG runs stopped on an unexpected error: {error_summary(exc)}.",
+                                      fix=f"Its traceback is in {log_file}.") from None
+            raise
+        finally:
+            microbatch_log.removeHandler(errors)
 
 
 @app.command()
@@ -153,36 +290,25 @@ def generate(
     console.print(f"produced {sent} lines to {topic} ({bad} malformed)")
 
 
-def _print_runs(outcomes: list) -> None:
-    for outcome in outcomes:
-        steps = ", ".join(f"{task} {state}" + (f" {outcome.task_seconds[task]:.1f}s"
-                                                 if task in outcome.task_seconds else "")
-                          for task, state in outcome.task_states.items())
-        console.print(f"{outcome.run_id}: {outcome.state} ({steps})", highlight=False)
-
-
 @app.command()
 def run(
     pipeline: str,
     max_runs: Annotated[int, typer.Option(min=1, help="Stop after this many DAG runs.")] = 20,
-    log_file: Annotated[Path | None, typer.Option(
-        help="Write Airflow's task log to this file instead of the terminal (print only the summary).")] = None,
+    log_file: LogFile = None,
 ) -> None:
-    """Run the pipeline's DAG locally (dag.test) until it has caught up with Kafka."""
+    """Run the pipeline's DAG locally (dag.test) until it has caught up with Kafka. Prints where its log goes, one
+    line per DAG run (each task's state and seconds) and, when a run fails, the failed task's one-sentence cause and
+    where the full log is (exit code 1). Airflow's and the tasks' log lines, tracebacks included, are in that file
+    only."""
     from microbatch.config import find_spec
     from microbatch.runner import run_until_caught_up
 
     find_spec(pipeline)  # an unknown or bad spec is one sentence, before Airflow starts
-    if log_file is None:
-        outcomes = run_until_caught_up(pipeline, max_runs)
-    else:
-        with _output_to(log_file):
-            outcomes = run_until_caught_up(pipeline, max_runs)
+    path = _log_for(pipeline, log_file, f"running the {pipeline} DAG until it has caught up")
+    with _dag_runs(path) as report:
+        outcomes = run_until_caught_up(pipeline, max_runs, on_outcome=report)
     _quiet_clients()
-    _print_runs(outcomes)
     if outcomes and outcomes[-1].state != "success":
-        if log_file is not None:
-            console.print(f"[red]the last run failed[/red]; its task log is in {log_file}", highlight=False)
         raise typer.Exit(1)
 
 
@@ -214,16 +340,18 @@ def metrics() -> None:
 
 
 @app.command()
-def maintain(pipeline: str) -> None:
+def maintain(pipeline: str, log_file: LogFile = None) -> None:
     """Run the pipeline's maintenance DAG now: compact each Delta table's small files, then vacuum the files no
-    retained version needs (the same as triggering <pipeline>__maintenance in the UI)."""
+    retained version needs (the same as triggering <pipeline>__maintenance in the UI). Prints as `run` does."""
     from microbatch.config import find_spec
     from microbatch.runner import run_once
 
     find_spec(pipeline)
-    outcome = run_once(pipeline, maintenance=True)
+    path = _log_for(f"{pipeline}__maintenance", log_file, f"running the {pipeline}__maintenance DAG")
+    with _dag_runs(path) as report:
+        outcome = run_once(pipeline, maintenance=True)
+        report(outcome)
     _quiet_clients()
-    _print_runs([outcome])
     if outcome.state != "success":
         raise typer.Exit(1)
 
@@ -239,8 +367,10 @@ def backfill(
         help="fill (only never-committed offsets) or replay (recompute committed offsets, replace their output).",
     )] = "fill",
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the plan; write nothing.")] = False,
+    log_file: LogFile = None,
 ) -> None:
-    """Run the pipeline's backfill DAG (the same as triggering <pipeline>__backfill in the UI)."""
+    """Run the pipeline's backfill DAG (the same as triggering <pipeline>__backfill in the UI). Prints as `run` does:
+    where its log goes, the DAG run's line and, when it fails, its cause and where the full log is (exit code 1)."""
     from microbatch.config import find_spec
     from microbatch.phases.backfill import parse_params, plan_backfill
     from microbatch.phases.reporting import log_backfill_plan
@@ -259,8 +389,11 @@ def backfill(
         plan_log.propagate = False
         log_backfill_plan(plan_log, pipeline, plan_backfill(spec, params, _ledger_url(), _bootstrap()))
         return
-    outcome = run_once(pipeline, backfill=params)
-    _print_runs([outcome])
+    path = _log_for(f"{pipeline}__backfill", log_file, f"running the {pipeline}__backfill DAG")
+    with _dag_runs(path) as report:
+        outcome = run_once(pipeline, backfill=params)
+        report(outcome)
+    _quiet_clients()
     if outcome.state != "success":
         raise typer.Exit(1)
 
@@ -599,16 +732,13 @@ def _run_demo_dag(pipeline: str, log_file: Path) -> None:
     """Run a shipped pipeline's DAG until it has caught up, Airflow's log into `log_file`; print each run."""
     from microbatch.runner import run_until_caught_up
 
-    console.print(f"running the {pipeline} DAG until it has caught up; Airflow's task log: {log_file}",
-                  highlight=False)
+    path = _log_for(pipeline, log_file, f"running the {pipeline} DAG until it has caught up")
     ran = time.monotonic()
-    with _output_to(log_file):
-        outcomes = run_until_caught_up(pipeline, 20)
+    with _dag_runs(path) as report:
+        outcomes = run_until_caught_up(pipeline, 20, on_outcome=report)
     _quiet_clients()
-    _print_runs(outcomes)
     console.print(f"DAG runs took {time.monotonic() - ran:.1f}s")
     if not outcomes or outcomes[-1].state != "success":
-        console.print(f"[red]the {pipeline} run failed[/red]; the cause is in {log_file}", highlight=False)
         raise typer.Exit(1)
 
 
@@ -686,28 +816,38 @@ def airflow() -> None:
 def main() -> None:
     """The console entry point: connections from the environment, else the running local stack; every
     failure one sentence and exit code 2."""
-    from kafka.errors import KafkaError
-    from sqlalchemy.exc import OperationalError, ProgrammingError
-
-    from microbatch.kafka.offsets import broker_unreachable
-    from microbatch.ledger.database import unreachable
-
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     _quiet_clients()
     localenv.apply()
     localenv.use_running_stack()
     try:
         app()
-    except MicrobatchError as exc:
-        _print_error(exc)
-    except OperationalError as exc:
-        _print_error(airflow_metadata_error(exc) or unreachable(os.environ.get(settings.LEDGER_URL_ENV, ""), exc))
-    except ProgrammingError as exc:
+    except Exception as exc:
+        sentence = _sentence(exc)
+        if sentence is None:
+            raise
+        _print_error(sentence)
+
+
+def _sentence(exc: Exception) -> MicrobatchError | None:
+    """The one sentence `main` prints for an error that stopped a command, or None for an unexpected one."""
+    from kafka.errors import KafkaError
+    from sqlalchemy.exc import OperationalError, ProgrammingError
+
+    from microbatch.kafka.offsets import broker_unreachable
+    from microbatch.ledger.database import unreachable
+
+    if isinstance(exc, MicrobatchError):
+        return exc
+    if isinstance(exc, OperationalError):
+        return airflow_metadata_error(exc) or unreachable(os.environ.get(settings.LEDGER_URL_ENV, ""), exc)
+    if isinstance(exc, ProgrammingError):
         reason = str(exc.orig).strip().splitlines()[0]
-        _print_error(MicrobatchError(f"The ledger database does not have the tables this needs ({reason}).",
-                                     fix="Create or upgrade them with `microbatch migrate`."))
-    except KafkaError:
-        _print_error(broker_unreachable(os.environ.get(settings.BOOTSTRAP_ENV, "")))
+        return MicrobatchError(f"The ledger database does not have the tables this needs ({reason}).",
+                               fix="Create or upgrade them with `microbatch migrate`.")
+    if isinstance(exc, KafkaError):
+        return broker_unreachable(os.environ.get(settings.BOOTSTRAP_ENV, ""))
+    return None
 
 
 def airflow_metadata_error(exc: Exception) -> MicrobatchError | None:

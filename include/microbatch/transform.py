@@ -2,7 +2,8 @@
 
 A job is an object with four pure methods. The platform reads exactly the batch's ranges,
 calls `parse`, observes metrics and per-partition counts in the same pass (no second read
-of Kafka), sends rows whose `error` is set to the dead-letter table, rows flagged `late`
+of Kafka), sends rows whose `error` is set to the dead-letter table (with the record's Kafka
+`key` and `timestamp`, which the platform takes from the read: `parse` need not keep them), rows flagged `late`
 (their event-time window was final before the batch began) to the late-records table, and
 stages `outputs` of the rest.
 Everything depends only on the records, the options and the state at the batch's start,

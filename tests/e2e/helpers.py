@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -66,6 +67,20 @@ def run_pipeline(env: dict[str, str], *, max_runs: int = 10, extra_env: dict[str
         [sys.executable, "-m", "microbatch.cli", "run", "ip_count", "--max-runs", str(max_runs)],
         env=full_env, capture_output=True, text=True, timeout=timeout, check=False,
     )
+
+
+RUN_LOG = re.compile(r"(?:Airflow's task log|full log): (\S+)")
+"""Where `microbatch run`, `backfill`, `maintain` and `demo` say their log file is."""
+
+
+def run_log(output: str | subprocess.CompletedProcess[str]) -> str:
+    """What a `microbatch run`, `backfill` or `maintain` printed (stdout, then stderr), followed by the log file it
+    named there: the task logs (what was read, staged and committed) never reach the terminal, which shows one line
+    per DAG run and a failed run's cause."""
+    if isinstance(output, subprocess.CompletedProcess):
+        output = output.stdout + output.stderr
+    files = [Path(path) for path in dict.fromkeys(RUN_LOG.findall(output))]
+    return output + "".join(f"\n{path.read_text(errors='replace')}" for path in files if path.is_file())
 
 
 def sink_counts(url: str, table: str = "ip_counts") -> Counter:
@@ -250,7 +265,7 @@ class WatchedRun:
 def run_watching_arguments(env: dict[str, str], secrets: list[str], log_path: Path, max_runs: int = 3,
                            timeout: float = 900) -> WatchedRun:
     """`microbatch run ip_count` while polling every process's arguments for `secrets`. The output goes
-    to a file: a pipe nobody reads would fill and stall the run."""
+    to a file: a pipe nobody reads would fill and stall the run. The log is that output and the run's log file."""
     deadline = time.monotonic() + timeout
     with log_path.open("w") as out:
         run = subprocess.Popen([sys.executable, "-m", "microbatch.cli", "run", "ip_count", "--max-runs",
@@ -265,7 +280,7 @@ def run_watching_arguments(env: dict[str, str], secrets: list[str], log_path: Pa
             spark_seen |= any("spark_jobs/run_batch.py" in line for line in lines)
             leaked += [line[:200] for line in lines for secret in secrets if secret in line]
             time.sleep(0.2)
-    return WatchedRun(run.returncode, log_path.read_text(), spark_seen, leaked)
+    return WatchedRun(run.returncode, run_log(log_path.read_text()), spark_seen, leaked)
 
 
 # The clicks pipeline (include/pipelines/clicks.yaml, spark_jobs/clicks.py): a test copy of its spec, and the

@@ -1,18 +1,23 @@
 """Every CLI command, fed bad values on real Kafka and Postgres, answers with one sentence naming what to
 change and a non-zero exit; never a traceback. The shipped spec directory is used (no
-MICROBATCH_PIPELINES_DIR), as a user runs the CLI."""
+MICROBATCH_PIPELINES_DIR), as a user runs the CLI, but by the failing DAG runs at the end (a test copy of
+ip_count, with short retry delays)."""
 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from microbatch.dev.datagen import generate_lines, produce_lines
 from microbatch.dev.kafka import create_topic
 from microbatch.dev.process import free_port
+from microbatch.runtime import cache_dir
+from tests.e2e.helpers import write_test_spec
 
 pytestmark = pytest.mark.e2e
 
@@ -56,10 +61,10 @@ NO_STACK = [["status"], ["history", "ip_count"], ["find", "ip_count", "ip_count_
             ["backfill", "ip_count", "--topic", "ip_count_source", "--start", "0", "--end", "5", "--dry-run"]]
 
 
-def _cli(env: dict[str, str], args: list[str]) -> subprocess.CompletedProcess[str]:
+def _cli(env: dict[str, str], args: list[str], timeout: float = 180) -> subprocess.CompletedProcess[str]:
     full = {k: v for k, v in os.environ.items() if k != "MICROBATCH_PIPELINES_DIR"}
     return subprocess.run([sys.executable, "-m", "microbatch.cli", *args], env={**full, **env},
-                          capture_output=True, text=True, timeout=180, check=False)
+                          capture_output=True, text=True, timeout=timeout, check=False)
 
 
 def _assert_one_sentence(result: subprocess.CompletedProcess[str], expected: str) -> None:
@@ -99,3 +104,41 @@ def test_without_a_stack_every_command_says_how_to_start_one(args: list[str], tm
     result = _cli(env, args)
     _assert_one_sentence(result, "no local stack is running")
     assert "make demo" in result.stdout
+
+
+@pytest.mark.parametrize("given_log", [False, True], ids=["default log file", "--log-file"])
+def test_a_failed_dag_run_prints_its_cause_and_where_the_log_is(service_env: dict[str, str], topic: str, kafka,
+                                                                tmp_path: Path, given_log: bool) -> None:
+    """`run` and `backfill` of a failing pipeline print their log file's path, one line per DAG run, the failed
+    task's one sentence and where the full log is: nothing else. Airflow's lines and tracebacks are in the file."""
+    specs = write_test_spec(tmp_path / "pipelines", topic, 1000, spark_mode="connect")
+    port = free_port()  # no Spark Connect server there: the stage fails, after plan planned a batch
+    env = {**service_env, "MICROBATCH_PIPELINES_DIR": str(specs), "MICROBATCH_SPARK_REMOTE": f"sc://127.0.0.1:{port}"}
+    produce_lines(kafka.bootstrap_servers, topic, generate_lines(200, seed=42))
+    failing = [  # (arguments, the DAG, the failed task, its sentence)
+        (["run", "ip_count", "--max-runs", "1"], "ip_count", "stage failed",
+         f"Cannot reach the Spark Connect server at sc://127.0.0.1:{port}: connection refused. Start it"),
+        (["backfill", "ip_count", "--topic", topic, "--mode", "replay", "--start", "0", "--end", "latest"],
+         "ip_count__backfill", "plan failed", "was never committed, so there is nothing to replay"),
+    ]
+    for args, dag, failed_task, cause in failing:
+        given = tmp_path / f"{args[0]}.log"
+        result = _cli(env, [*args, "--log-file", str(given)] if given_log else args, timeout=600)
+        shown = result.stdout + result.stderr
+        assert result.returncode == 1, shown
+        assert "Traceback" not in shown and not re.search(r"\[(info|warning|error) *\]", shown), shown
+        lines = result.stdout.splitlines()
+        assert len(lines) == 4, shown  # where the log is, the DAG run, its cause, where the log is
+        started = re.fullmatch(rf"running the {dag} DAG.*; Airflow's task log: (\S+)", lines[0])
+        assert started, shown
+        path = Path(started.group(1))
+        if given_log:
+            assert path == given.absolute()
+        else:
+            assert path.parent == (cache_dir() / "logs").absolute()
+            assert re.fullmatch(rf"{dag}-\d{{8}}T\d{{6}}-\d+\.log", path.name), path
+        assert ": failed (" in lines[1] and failed_task in lines[1], shown
+        assert lines[2].startswith("error: ") and cause in lines[2], shown
+        assert lines[3] == f"full log: {path}", shown
+        logged = path.read_text()
+        assert cause in logged and "Traceback" in logged, logged[-3000:]  # Airflow's tracebacks: in the file only

@@ -10,7 +10,7 @@ import pytest
 
 from microbatch.dev.datagen import generate_lines, produce_lines
 from microbatch.dev.spark import SparkStandalone
-from tests.e2e.helpers import assert_exactly_once, run_pipeline, write_test_spec
+from tests.e2e.helpers import assert_exactly_once, run_log, run_pipeline, write_test_spec
 
 pytestmark = pytest.mark.e2e
 
@@ -34,7 +34,7 @@ def test_ip_count_on_a_standalone_cluster(cluster, service_env, topic, kafka, le
 
     result = run_pipeline(env)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    assert f"master {cluster.master_url}" in result.stdout
+    assert f"master {cluster.master_url}" in run_log(result)
     assert_exactly_once(ledger_url, env, lines, coords, f"{topic}_out")
     with urllib.request.urlopen(f"http://127.0.0.1:{cluster.webui_port}/json/", timeout=5) as response:
         status = json.load(response)

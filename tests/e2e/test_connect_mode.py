@@ -25,7 +25,7 @@ from microbatch.failpoints import FAILPOINT_DIR_ENV, FAILPOINTS_ENV
 from microbatch.ledger.database import transaction
 from microbatch.runtime import cache_dir
 from microbatch.spark_remote import SHARED_SESSION_SECONDS, display
-from tests.e2e.helpers import assert_exactly_once, run_pipeline, write_test_spec
+from tests.e2e.helpers import assert_exactly_once, run_log, run_pipeline, write_test_spec
 
 pytestmark = pytest.mark.e2e
 
@@ -56,9 +56,9 @@ def connect_env(service_env: dict[str, str], specs: Path, server: SparkConnectSe
 
 def run_exactly_once(env: dict[str, str], ledger_url: str, lines: list, coords: list, topic: str) -> str:
     """`microbatch run ip_count` until caught up; it succeeds, and sink, dead letters, ledger and the published
-    output match the independent recount. Returns the run's log."""
+    output match the independent recount. Returns the run's log (its output and its log file)."""
     result = run_pipeline(env, timeout=600)
-    log = result.stdout + result.stderr
+    log = run_log(result)
     assert result.returncode == 0, log[-4000:]
     assert_exactly_once(ledger_url, env, lines, coords, f"{topic}_out")
     return log
@@ -137,12 +137,12 @@ def test_unreachable_server_fails_stage_with_one_sentence(connect_server, servic
     produce_lines(kafka.bootstrap_servers, topic, generate_lines(200, seed=42))
 
     result = run_pipeline(env, max_runs=1, timeout=300)
-    log = result.stdout + result.stderr
+    shown, log = result.stdout + result.stderr, run_log(result)
     assert result.returncode != 0
     sentence = (f"Cannot reach the Spark Connect server at sc://127.0.0.1:{port}: connection refused. Start it "
                 "(`make connect`, or `python -m microbatch.dev.stack connect`")
-    assert sentence in log, log[-4000:]
-    assert "MICROBATCH_SPARK_REMOTE or the Airflow connection 'spark_connect_default'" in log
+    assert sentence in shown, log[-4000:]
+    assert "MICROBATCH_SPARK_REMOTE or the Airflow connection 'spark_connect_default'" in shown
     assert "StatusCode" not in log and "grpc" not in log.lower()
     assert "stage failed" in result.stdout and "commit upstream_failed" in result.stdout
     with transaction(ledger_url) as session:
@@ -231,7 +231,7 @@ def test_the_local_stacks_connect_server_killed_mid_stage_is_restarted_and_the_r
                 if run.poll() is None:
                     run.kill()
         ended = time.monotonic()
-        log = (tmp_path / "run.log").read_text()
+        log = run_log((tmp_path / "run.log").read_text())  # what the run printed, then its log file
         assert returncode == 0, log[-5000:]
         gone = f"Cannot reach the Spark Connect server at {display(remote)}: the server went away during the stage"
         assert gone in log, log[-5000:]

@@ -17,6 +17,7 @@ from tests.e2e.helpers import (
     assert_exactly_once,
     cli,
     late_coordinates,
+    run_log,
     run_pipeline,
     sink_counts,
     write_test_spec,
@@ -69,7 +70,7 @@ def test_per_batch_contributions_stage_keys_alone_and_a_replay_recomputes_whole_
     assert len(touched) > 1 and p0[2] - p0[1] > 2, touched
     done = cli(env, "backfill", "ip_count", "--topic", topic, "--mode", "replay", "--partitions", "0",
                "--start", str(p0[1] + 1), "--end", str(p0[2] - 1))
-    log = done.stdout + done.stderr
+    log = run_log(done)
     assert done.returncode == 0, log[-4000:]
     assert f"added {len(touched) - 1} range(s) of other partitions" in log, log[-4000:]
 

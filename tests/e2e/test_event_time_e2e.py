@@ -16,7 +16,7 @@ from sqlalchemy import text
 
 from microbatch.dev.datagen import LogLine, format_line, generate_lines, produce_lines
 from microbatch.ledger.database import transaction
-from tests.e2e.helpers import assert_exactly_once, run_pipeline, write_test_spec
+from tests.e2e.helpers import assert_exactly_once, run_log, run_pipeline, write_test_spec
 
 pytestmark = pytest.mark.e2e
 T0 = datetime(2026, 11, 22, 12, 0, 0, tzinfo=UTC)
@@ -60,7 +60,7 @@ def test_watermark_late_records_and_final_windows_published_once(service_env, to
     assert expected.late == late_by_construction
     assert len(late_by_construction) == 150
 
-    log = second.stdout + second.stderr
+    log = run_log(second)
     assert "150 late record(s) kept in late_records" in log
     assert "window(s) became final: outbox ip_count_sink seq" in log
     assert "publish ip_count/ip_count_sink: sequences" in log

@@ -14,7 +14,14 @@ from sqlalchemy import make_url, text
 
 from microbatch.dev.datagen import generate_lines, produce_lines
 from microbatch.ledger.database import transaction
-from tests.e2e.helpers import assert_exactly_once, cli, expected_positions, run_pipeline, write_test_spec
+from tests.e2e.helpers import (
+    assert_exactly_once,
+    cli,
+    expected_positions,
+    run_log,
+    run_pipeline,
+    write_test_spec,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -42,7 +49,7 @@ def test_ip_count_end_to_end_then_only_new_offsets(pipeline_env, topic, kafka, l
     assert batches[1] == 10_000
 
     # The task logs say what was read, staged and committed.
-    log = result.stdout + result.stderr
+    log = run_log(result)
     assert "plan ip_count: planned batch" in log
     assert "records, lag after this batch" in log
     assert "rows merged into ip_counts" in log

@@ -24,6 +24,7 @@ from tests.e2e.helpers import (
     late_coordinates,
     positions,
     read_output,
+    run_log,
     run_pipeline,
     sink_counts,
     write_test_spec,
@@ -126,7 +127,7 @@ def test_replay_one_partition_after_a_transform_change(service_env, topic, kafka
     assert batch_count(ledger_url) == batches, "a dry run writes nothing"
 
     done = cli(env, "backfill", "ip_count", "--topic", topic, "--mode", "replay", "--partitions", "0", *request)
-    done_log = done.stdout + done.stderr
+    done_log = run_log(done)
     assert done.returncode == 0, done_log[-4000:]
     assert plan_lines(done_log) == plan_lines(dry_log), "the dry run announced what the run did"
 

@@ -266,7 +266,8 @@ def test_spark_connect_refuses_a_client_without_its_token_and_the_stage_runs_wit
     assert not run.leaked, run.leaked
     assert f"through Spark Connect at sc://localhost:{server.port}" in run.log
     assert_exactly_once(ledger_url, env, lines, coords, f"{topic}_out")
-    # `microbatch run` prints the task logs (dag.test); any log file written meanwhile is checked too.
+    # `microbatch run` writes the task logs (dag.test) to the log file it names (run.log holds both); any Airflow log
+    # file written meanwhile is checked too.
     assert "staged batch 1 through Spark Connect" in run.log and "rows merged into ip_counts" in run.log
     logs = {str(path): path.read_text(errors="replace")
             for path in Path(os.environ["AIRFLOW_HOME"]).rglob("*.log") if path.stat().st_mtime >= started}

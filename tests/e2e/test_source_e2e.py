@@ -14,7 +14,7 @@ from microbatch.config import find_spec
 from microbatch.dev.datagen import generate_lines, produce_lines
 from microbatch.dev.kafka import create_topic
 from microbatch.phases.plan import plan_next_batch
-from tests.e2e.helpers import assert_exactly_once, run_pipeline, write_test_spec
+from tests.e2e.helpers import assert_exactly_once, run_log, run_pipeline, write_test_spec
 
 pytestmark = pytest.mark.e2e
 
@@ -46,7 +46,7 @@ def test_new_partitions_and_split_reads_count_every_record(service_env, tmp_path
     assert {p for p, _ in more_coords} >= {2, 3}, "the producer did not use the new partitions"
 
     result = run_pipeline(env, max_runs=3)
-    log = result.stdout + result.stderr
+    log = run_log(result)
     assert result.returncode == 0, log[-3000:]
     assert f"new partition {topic}[2]: starts at 0 (earliest: found after the pipeline started)" in log
     assert "lag total: 0 offset(s) over 4 partition(s) after this plan" in log

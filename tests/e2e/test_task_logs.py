@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import make_url
 
-from tests.e2e.helpers import run_pipeline, write_test_spec
+from tests.e2e.helpers import run_log, run_pipeline, write_test_spec
 
 pytestmark = pytest.mark.e2e
 
@@ -21,10 +21,10 @@ def test_bad_ledger_password_fails_with_one_sentence_and_no_secret(service_env, 
            "MICROBATCH_LEDGER_URL": wrong.render_as_string(hide_password=False)}
     result = run_pipeline(env, max_runs=1)
     assert result.returncode != 0
-    log = result.stdout + result.stderr
-    assert "Cannot use the ledger database at postgresql+psycopg://microbatch:***@127.0.0.1" in log
-    assert "password authentication failed" in log
-    assert "Check the Airflow connection microbatch_ledger or MICROBATCH_LEDGER_URL" in log
+    shown, log = result.stdout + result.stderr, run_log(result)  # the terminal; it and the run's log file
+    assert "Cannot use the ledger database at postgresql+psycopg://microbatch:***@127.0.0.1" in shown
+    assert "password authentication failed" in shown
+    assert "Check the Airflow connection microbatch_ledger or MICROBATCH_LEDGER_URL" in shown
     for secret in ("not-the-Secret-42", make_url(ledger_url).password):
         assert secret not in log
         for path in Path(os.environ["AIRFLOW_HOME"]).rglob("*.log"):

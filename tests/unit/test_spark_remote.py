@@ -154,7 +154,9 @@ def test_a_session_on_a_dead_server_opens_without_a_call_and_stops_within_the_bo
     retries = pytest.importorskip("pyspark.sql.connect.client.retries")
     from pyspark.sql import SparkSession
 
-    monkeypatch.delenv("SPARK_CONNECT_MODE_ENABLED", raising=False)  # restored: create() sets it
+    # create() sets it in os.environ: setenv first, so that monkeypatch restores the variable's absence
+    monkeypatch.setenv("SPARK_CONNECT_MODE_ENABLED", "")
+    monkeypatch.delenv("SPARK_CONNECT_MODE_ENABLED")
     with socket.socket() as sock:  # a port that was just free and nothing listens on
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]

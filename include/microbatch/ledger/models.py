@@ -13,8 +13,10 @@ from sqlalchemy import (
     ForeignKey,
     Index,
     Integer,
+    LargeBinary,
     MetaData,
     Text,
+    UniqueConstraint,
     func,
     text,
 )
@@ -150,6 +152,28 @@ class LedgerGap(Base):
     start_offset: Mapped[int] = mapped_column(BigInteger)
     end_offset: Mapped[int] = mapped_column(BigInteger)
     reason: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+
+
+class DeadLetter(Base):
+    """A record the job's parse refused (its `error`), kept with its source coordinates and raw bytes. The stage
+    writes them to `stage_dead_letters` (same columns, tagged (batch_id, attempt), no primary key) and the commit
+    moves them here. `key` and `timestamp` are the Kafka record's key and timestamp (migration 0013): NULL on
+    dead letters written before it."""
+
+    __tablename__ = "dead_letters"
+    __table_args__ = (UniqueConstraint("pipeline_id", "topic", "partition", "offset", name="uq_dead_letters_source"),)
+
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    pipeline_id: Mapped[int] = mapped_column(ForeignKey("pipelines.id"))
+    batch_id: Mapped[int] = mapped_column(ForeignKey("batches.id"))
+    topic: Mapped[str] = mapped_column(Text)
+    partition: Mapped[int] = mapped_column(Integer)
+    offset: Mapped[int] = mapped_column(BigInteger)
+    raw: Mapped[bytes | None] = mapped_column(LargeBinary)
+    error: Mapped[str] = mapped_column(Text)
+    key: Mapped[bytes | None] = mapped_column(LargeBinary)
+    timestamp: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
 
 

@@ -223,8 +223,9 @@ def _move_bad_records(session: Session, ctx: CommitContext, batch: Batch, result
     params = {**ctx.staged, "pipeline_id": ctx.pipeline_id}
     result.dead_letters = session.execute(
         text(
-            'INSERT INTO dead_letters (pipeline_id, batch_id, topic, partition, "offset", raw, error) '
-            'SELECT :pipeline_id, batch_id, topic, partition, "offset", raw, error FROM stage_dead_letters '
+            'INSERT INTO dead_letters (pipeline_id, batch_id, topic, partition, "offset", raw, error, "key", '
+            '"timestamp") SELECT :pipeline_id, batch_id, topic, partition, "offset", raw, error, "key", "timestamp" '
+            "FROM stage_dead_letters "
             "WHERE batch_id = :batch_id AND attempt = :attempt"
         ),
         params,

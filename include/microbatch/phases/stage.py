@@ -322,7 +322,7 @@ def _stage_locked(
     t_write = time.monotonic()
     dead_count = int(values.get("dead_letters") or 0)
     late_count = int(values.get("late_records") or 0)
-    _stage_bad_records(parsed, current, dead_count, late_count, jdbc)
+    _stage_bad_records(records, parsed, current, dead_count, late_count, jdbc)
     write_seconds = time.monotonic() - t_write
     AFTER_WRITE.hit()
 
@@ -525,18 +525,39 @@ def _job_outputs(
     return {sink.name: with_late if takes_late_records(sink) else on_time for sink in sinks}
 
 
+SOURCE_COORDINATES = ("topic", "partition", "offset")
+BROADCAST_DEAD_LETTERS = 100_000
+"""Up to this many dead letters in a batch, `_with_record_key_and_time` broadcasts them (no shuffle of the read)."""
+
+
+def _with_record_key_and_time(records: DataFrame, dead: DataFrame, dead_count: int) -> DataFrame:
+    """`dead` (parsed rows with `error` set) with the Kafka record's `key` and `timestamp` beside them.
+
+    A job's parse keeps only the source coordinates and `value` (`SOURCE_COLUMNS`), so the platform takes the two
+    from the read itself: the read's (topic, partition, offset, key, timestamp) joined on the coordinates, which
+    name one record. Only the bad-records pass does this, and only when the batch has dead letters; each record of
+    the read then costs one probe of a hash table of the dead letters, broadcast to the executors (no shuffle of
+    the read) while they are few. The offsets are immutable, so both sides read the same records."""
+    source = records.select(*SOURCE_COORDINATES, "key", "timestamp")
+    return source.join(F.broadcast(dead) if dead_count <= BROADCAST_DEAD_LETTERS else dead, list(SOURCE_COORDINATES))
+
+
 def _stage_bad_records(
-    parsed: DataFrame, current: _Attempt, dead_count: int, late_count: int, jdbc: Mapping[str, str]
+    records: DataFrame, parsed: DataFrame, current: _Attempt, dead_count: int, late_count: int,
+    jdbc: Mapping[str, str],
 ) -> None:
-    """Dead letters and late records keep their raw bytes; only when the pass above saw some does a second,
-    filtered read of the same ranges (immutable offsets, so the same records) stage them."""
+    """Dead letters and late records keep their raw bytes, and dead letters their record's Kafka key and timestamp;
+    only when the pass above saw some does a second, filtered read of the same ranges (immutable offsets, so the
+    same records) stage them."""
     if not (dead_count or late_count):
         return
     tag = current.tag()
     bad = parsed.where(F.col(ERROR_COLUMN).isNotNull() | F.col(LATE_COLUMN)).persist(StorageLevel.MEMORY_AND_DISK)
     if dead_count:
-        _write_staging(bad.where(F.col(ERROR_COLUMN).isNotNull()).select(
-            *tag, "topic", "partition", "offset", F.col("value").alias("raw"), F.col(ERROR_COLUMN).alias("error"),
+        dead = bad.where(F.col(ERROR_COLUMN).isNotNull()).select(*SOURCE_COORDINATES, "value", ERROR_COLUMN)
+        _write_staging(_with_record_key_and_time(records, dead, dead_count).select(
+            *tag, *SOURCE_COORDINATES, F.col("value").alias("raw"), F.col(ERROR_COLUMN).alias("error"),
+            "key", "timestamp",
         ), "stage_dead_letters", jdbc)
     if late_count:
         _write_staging(bad.where(F.col(LATE_COLUMN)).select(
