@@ -20,6 +20,8 @@ def test_times(junit: Path) -> list[tuple[str, str, float, str]]:
     """(file, test name, seconds, outcome) of every test case in a JUnit XML."""
     out = []
     for case in ET.parse(junit).getroot().iter("testcase"):
+        if not case.get("name"):  # the test a Ctrl-C interrupted: no name, no outcome
+            continue
         module = case.get("classname", "").split("[")[0]
         parts = module.split(".")
         # classname is the dotted module (and class, if any): the file is the part up to the test_*/module name.

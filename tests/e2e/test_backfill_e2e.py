@@ -16,6 +16,7 @@ from sqlalchemy import text
 
 from microbatch.config import find_spec
 from microbatch.dev.datagen import generate_lines, produce_lines
+from microbatch.failpoints import FAILPOINT_DIR_ENV, FAILPOINTS_ENV
 from microbatch.ledger import repository as repo
 from microbatch.ledger.database import transaction
 from microbatch.runner import metadata_db
@@ -85,8 +86,10 @@ def test_fill_history_before_the_start_position(service_env, topic, kafka, ledge
         assert session.execute(text("SELECT count(*) FROM batches WHERE kind = 'backfill'")).scalar_one() == 0
 
     # The scheduled runs (the live data) and the fill (the history) run at the same moment, on the
-    # same partitions, each in its own process.
-    scheduled = spawn(env, "run", "ip_count", "--max-runs", "10")
+    # same partitions, each in its own process. The scheduled stage holds 20 s after it has planned (a pause
+    # failpoint, once), so that its open batch and the fill's overlap however fast a Connect stage is.
+    hold = {FAILPOINTS_ENV: "stage.before_read=pause:20", FAILPOINT_DIR_ENV: str(tmp_path / "fired")}
+    scheduled = spawn({**env, **hold}, "run", "ip_count", "--max-runs", "10")
     filling = spawn(fill_env, "backfill", "ip_count", "--topic", topic, "--start", "0", "--end", "latest")
     done_out, _ = filling.communicate(timeout=900)
     scheduled_out, _ = scheduled.communicate(timeout=900)
