@@ -19,7 +19,6 @@ from microbatch.dev.datagen import generate_lines, produce_lines
 from microbatch.failpoints import FAILPOINT_DIR_ENV, FAILPOINTS_ENV
 from microbatch.ledger import repository as repo
 from microbatch.ledger.database import transaction
-from microbatch.runner import metadata_db
 from tests.e2e.helpers import (
     assert_exactly_once,
     cli,
@@ -71,12 +70,8 @@ def test_fill_history_before_the_start_position(service_env, topic, kafka, ledge
 
     # The fill runs under its own Airflow home: two `dag.test()` processes writing one SQLite metadata file at the
     # same moment can fail with "database is locked" (docs/operations.md). The ledger, Kafka and the specs are
-    # shared, and they are what this test is about. Its home is migrated here, before the race.
+    # shared, and they are what this test is about. Its home holds a migrated DB before the race.
     fill_env = {**env, "AIRFLOW_HOME": str(migrated_airflow_home(tmp_path / "airflow-fill"))}
-    with monkeypatch.context() as patched:
-        patched.setenv("AIRFLOW_HOME", fill_env["AIRFLOW_HOME"])
-        with metadata_db():
-            pass
     dry = cli(fill_env, "backfill", "ip_count", "--topic", topic, "--start", "0", "--end", "latest", "--dry-run")
     assert dry.returncode == 0, dry.stdout[-3000:] + dry.stderr[-2000:]
     log = dry.stdout + dry.stderr

@@ -208,7 +208,8 @@ def test_the_local_stacks_connect_server_killed_mid_stage_is_restarted_and_the_r
     remote, port, first_pid = state["env"]["MICROBATCH_SPARK_REMOTE"], state["connect_port"], state["connect_pid"]
     assert state["connect_token"] not in up.stdout + up.stderr, "make connect printed its token"
     try:
-        specs = connect_spec(tmp_path / "pipelines", topic, kafka.bootstrap_servers, 100_000)
+        # The shipped `spark.mode: auto`, which MICROBATCH_SPARK_REMOTE (the stack's remote) makes a Connect client.
+        specs = write_test_spec(tmp_path / "pipelines", topic, 100_000, bootstrap=kafka.bootstrap_servers)
         env = {**service_env, "MICROBATCH_PIPELINES_DIR": str(specs), "MICROBATCH_CACHE_DIR": str(cache),
                "MICROBATCH_SPARK_REMOTE": remote, FAILPOINTS_ENV: "stage.before_read=pause:6",
                FAILPOINT_DIR_ENV: str(tmp_path / "fired")}
