@@ -4,6 +4,8 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+# The suite runs on this many pytest-xdist workers (each starts its own Kafka, Postgres and Spark Connect server).
+TEST_WORKERS ?= 2
 export PYTHONPATH := $(CURDIR)/include:$(CURDIR)
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
@@ -26,8 +28,8 @@ demo: jars
 
 test: jars browser prometheus docs
 	$(PY) -m ruff check .
-	mkdir -p .cache/test-report
-	MICROBATCH_FIXTURE_REPORT=.cache/test-report/fixtures.json $(PY) -m pytest -p no:cacheprovider --timeout=900 --durations=0 --junitxml=.cache/test-report/junit.xml tests $(PYTEST_ARGS) | tee .cache/test-report/pytest.log; status=$${PIPESTATUS[0]}; \
+	rm -rf .cache/test-report && mkdir -p .cache/test-report
+	MICROBATCH_FIXTURE_REPORT=.cache/test-report/fixtures.json $(PY) -m pytest -p no:cacheprovider -n $(TEST_WORKERS) --dist worksteal --timeout=900 --durations=0 --junitxml=.cache/test-report/junit.xml tests $(PYTEST_ARGS) | tee .cache/test-report/pytest.log; status=$${PIPESTATUS[0]}; \
 		$(PY) tests/durations.py .cache/test-report --top 15 || true; exit $$status
 
 # Debian's chromium, for the browser test of the ledger page (Playwright drives it; no browser download).

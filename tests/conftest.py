@@ -101,7 +101,9 @@ def service_env(ledger_url: str, kafka, spark_connect, monkeypatch: pytest.Monke
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     # Run the fast tiers first, so a broken unit fails before the slow end-to-end suite starts.
-    order = {"unit": 0, "integration": 1, "e2e": 2, "chaos": 3}
+    # Under pytest-xdist (`make test`), the long chaos runs come before the end-to-end tests, so that the last
+    # tests to finish are short ones and no worker waits alone for a long one at the end.
+    order = {"unit": 0, "integration": 1, "chaos": 2, "e2e": 3}
     items.sort(key=lambda item: order.get(Path(item.fspath).parent.name, 9))
 
 
@@ -123,6 +125,10 @@ def pytest_fixture_setup(fixturedef: pytest.FixtureDef, request: pytest.FixtureR
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
     target = os.environ.get(FIXTURE_REPORT_ENV)
-    if target:
-        Path(target).parent.mkdir(parents=True, exist_ok=True)
-        Path(target).write_text(json.dumps(FIXTURE_SECONDS, indent=1, sort_keys=True))
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if target and FIXTURE_SECONDS:  # the xdist controller runs no fixture
+        path = Path(target)
+        if worker:  # each pytest-xdist worker its own file; tests/durations.py adds them up
+            path = path.with_name(f"{path.stem}-{worker}{path.suffix}")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(FIXTURE_SECONDS, indent=1, sort_keys=True))

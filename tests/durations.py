@@ -65,9 +65,11 @@ def main() -> None:
     print(f"\n| the {args.top} slowest tests | seconds |\n|---|---|")
     for path, name, seconds, _ in sorted(cases, key=lambda c: -c[2])[: args.top]:
         print(f"| {path}::{name} | {seconds:.0f} |")
-    fixtures = args.report_dir / "fixtures.json"
-    if fixtures.exists():
-        timings = json.loads(fixtures.read_text())
+    timings: dict[str, float] = defaultdict(float)
+    for fixtures in sorted(args.report_dir.glob("fixtures*.json")):  # one per pytest-xdist worker
+        for name, seconds in json.loads(fixtures.read_text()).items():
+            timings[name] += seconds
+    if timings:
         print("\n| fixture (scope) | setup seconds, all uses |\n|---|---|")
         for name, seconds in sorted(timings.items(), key=lambda kv: -kv[1]):
             if seconds >= 1:
