@@ -2,7 +2,8 @@
 
 It starts its own broker and Postgres, produces input in chunks (some malformed, some late, plus
 source transactions that are aborted on purpose), runs the pipeline's DAG over and over
-(`microbatch run`, i.e. Airflow dag.test with real spark-submit) while it injects faults at random
+(`microbatch run`, i.e. Airflow dag.test with real spark-submit, or on a Spark Connect server with
+`--spark-remote`) while it injects faults at random
 times, by SIGKILL and by SIGTERM, then quiesces and checks:
 
 - no loss: every input offset is in a committed range (the ledger audit passes, positions reach the end);
@@ -137,6 +138,9 @@ class Harness:
     pipeline: str = "ip_count"  # or "clicks"
     cluster: bool = False  # three KRaft brokers, RF 3, min.insync.replicas 2, and the cluster's fault kinds
     partitions: int = 4  # of the source topic
+    spark_remote: str | None = None
+    """Stage on this Spark Connect server (the shipped `spark.mode: auto`, as on the local stack) instead of by
+    spark-submit; the faults that kill spark-submit's driver or its Python workers then do not apply."""
     lines: list[LogLine | Click] = field(default_factory=list)
     coords: list[tuple[int, int]] = field(default_factory=list)
     faults: list[FaultRecord] = field(default_factory=list)
@@ -171,11 +175,11 @@ class Harness:
         create_topic(self.bootstrap, SOURCE, self.partitions)
         if self.pipeline == "clicks":
             specs = write_clicks_test_spec(self.work / "pipelines", SOURCE, self.batch_size,
-                                           bootstrap=self.bootstrap, spark_mode="submit")
+                                           bootstrap=self.bootstrap, spark_mode=self.spark_mode)
             dags = pipeline_dag_folder(self.work, self.pipeline)  # the shipped dags/ would load ip_count too
         else:
             specs = write_test_spec(self.work / "pipelines", SOURCE, self.batch_size,
-                                    bootstrap=self.bootstrap, spark_mode="submit")
+                                    bootstrap=self.bootstrap, spark_mode=self.spark_mode)
             dags = {}
         self.output = f"{SOURCE}_out"
         self.env = {
@@ -186,6 +190,10 @@ class Harness:
             "MICROBATCH_PIPELINES_DIR": str(specs),
             FAILPOINT_DIR_ENV: str(self.work / "failpoints"),
         }
+        if self.spark_remote:
+            self.env["MICROBATCH_SPARK_REMOTE"] = self.spark_remote
+        else:
+            self.env.pop("MICROBATCH_SPARK_REMOTE", None)
         if self.pipeline == "clicks":  # its sink tables, from the spec, as an operator makes them
             subprocess.run([sys.executable, "-m", "microbatch.cli", "migrate"], env=self.env, check=True,
                            capture_output=True, text=True, timeout=300)
@@ -288,6 +296,10 @@ class Harness:
             consumer.close()
 
     # faults -----------------------------------------------------------------------------------------
+    @property
+    def spark_mode(self) -> str:
+        return "auto" if self.spark_remote else "submit"
+
     def fault_kinds(self) -> dict[str, Callable[[int], str]]:
         if self.cluster:
             return {
@@ -297,9 +309,12 @@ class Harness:
                 "kill a broker while plan lists offsets": self.kill_broker_in_plan,
                 "take two brokers down at once (min.insync.replicas 2 refuses writes)": self.two_brokers_down,
             }
-        return {
+        spark_submit = {} if self.spark_remote else {
             "kill the spark-submit driver": self.kill_driver,
             "kill a Spark Python worker": self.kill_python_worker,
+        }
+        return {
+            **spark_submit,
             "kill the process running the commit": self.kill_commit,
             "kill the publisher after its Kafka commit": self.kill_publisher,
             "restart the Kafka broker": self.restart_broker,
@@ -797,12 +812,15 @@ def main() -> int:
     parser.add_argument("--cluster", action="store_true",
                         help="three KRaft brokers (RF 3, min.insync.replicas 2) and the cluster's fault kinds")
     parser.add_argument("--partitions", type=int, default=4, help="of the source topic")
+    parser.add_argument("--spark-remote", default=None, metavar="sc://HOST:PORT",
+                        help="stage on this Spark Connect server instead of by spark-submit "
+                             "(the spark-submit fault kinds then do not apply)")
     parser.add_argument("--json", type=Path, default=None, help="also write the result here")
     args = parser.parse_args()
     started = time.monotonic()
     work = Path(tempfile.mkdtemp(prefix="microbatch-chaos-"))
     harness = Harness(work, args.records, args.chunks, args.batch_size, args.seed, args.liveness_bound,
-                      args.pipeline, cluster=args.cluster, partitions=args.partitions)
+                      args.pipeline, cluster=args.cluster, partitions=args.partitions, spark_remote=args.spark_remote)
     schedule = harness.full_schedule(args.rounds)
     harness.chunks = max(harness.chunks, len(schedule))  # at least one fresh chunk before every fault
     harness.start()

@@ -1,6 +1,7 @@
 """The fast subset of the chaos harness on a three-broker KRaft cluster (RF 3, min.insync.replicas 2): one
-SIGKILL of each cluster fault kind while ip_count runs continuously over six source partitions, then every
-exactly-once check of the full harness must pass."""
+SIGKILL of each cluster fault kind while ip_count runs continuously over six source partitions, staging on
+the suite's Spark Connect server (the faults are the brokers', not Spark's), then every exactly-once check of
+the full harness must pass."""
 
 from __future__ import annotations
 
@@ -21,9 +22,9 @@ SCHEDULE = [
 ]
 
 
-def test_chaos_cluster_fast_subset(tmp_path):
+def test_chaos_cluster_fast_subset(tmp_path, spark_connect):
     harness = Harness(tmp_path, records=6_000, chunks=len(SCHEDULE), batch_size=6_000, seed=11,
-                      liveness_bound_s=300, cluster=True, partitions=6)
+                      liveness_bound_s=300, cluster=True, partitions=6, spark_remote=spark_connect.remote)
     assert set(harness.fault_kinds()) == {name for name, _ in SCHEDULE}  # every cluster kind, once
     run_and_check(harness, SCHEDULE, spacing_s=(0.5, 1))
     two_down = next(f for f in harness.faults if f.name.startswith("take two brokers down"))
