@@ -33,8 +33,8 @@ from microbatch.errors import MicrobatchError, SpecError, error_summary
 from microbatch.runtime import cache_dir
 
 if TYPE_CHECKING:
-    from microbatch.config import DeltaSink
     from microbatch.runner import RunOutcome
+    from microbatch.sinks.base import Sink
 
 app = typer.Typer(help="Exactly-once Kafka micro-batches: ledger, data and local stack.", no_args_is_help=True,
                   pretty_exceptions_enable=False)
@@ -462,10 +462,11 @@ def publish(pipeline: str) -> None:
     """Publish the pipeline's pending outbox rows to its Kafka sinks (what the publish task does)."""
     from microbatch.config import find_spec
     from microbatch.phases.publish import publish_sink
+    from microbatch.sinks.registry import publishing
 
     spec = find_spec(pipeline)
-    for sink in spec.kafka_sinks:
-        result = publish_sink(spec, sink, _ledger_url(), _bootstrap())
+    for sink in publishing(spec):
+        result = publish_sink(spec, sink.spec, _ledger_url(), _bootstrap())
         console.print(f"{sink.name}: sequences {result.first_seq}..{result.last_seq} published "
                       f"({result.records} records, {result.transactions} transactions) to {result.topic}")
 
@@ -597,7 +598,7 @@ def verify(pipeline: str, as_json: JsonFlag = False) -> None:
     from microbatch.ledger import repository as repo
     from microbatch.ledger.database import transaction
     from microbatch.planning import find_holes, find_overlaps
-    from microbatch.sinks import delta
+    from microbatch.sinks.registry import sinks_of
 
     with transaction(_ledger_url()) as session:
         pid = _pipeline_id(session, pipeline)
@@ -608,8 +609,13 @@ def verify(pipeline: str, as_json: JsonFlag = False) -> None:
             spec = find_spec(pipeline)
         except SpecError:  # the ledger outlives a removed spec; its offsets are still audited
             spec = None
-        lake_lines, lake_problems = (delta.audit(session, spec, pid, repo.pipeline_uid(session, pid))
-                                     if spec is not None and spec.lake_sinks else ([], []))
+        lake_lines: list[str] = []
+        lake_problems: list[str] = []
+        for sink in sinks_of(spec).values() if spec is not None else ():
+            if sink.lake_location is not None:
+                lines, found = sink.audit(session, spec, pid, repo.pipeline_uid(session, pid))
+                lake_lines += lines
+                lake_problems += found
     problems = [f"overlap: {a} and {b}" for a, b in find_overlaps(ranges)] + find_holes(ranges, gaps, positions)
     problems += lake_problems
     if as_json:
@@ -637,23 +643,21 @@ def show(
 ) -> None:
     """A sink's table: its first rows (the largest sums of an aggregate, the newest rows of a row sink or a Delta
     table), its row count and totals, and the pipeline's dead letters and late records."""
-    from microbatch.config import DeltaSink, PostgresAggregateSink, find_spec
+    from microbatch.config import find_spec
     from microbatch.ledger import queries
     from microbatch.ledger.database import transaction
+    from microbatch.sinks.registry import sinks_of
 
     spec = find_spec(pipeline)
-    tables = [s for s in spec.sinks if hasattr(s, "table") or isinstance(s, DeltaSink)]
+    tables = [s for s in sinks_of(spec).values() if s.table is not None or s.lake_location is not None]
     chosen = next((s for s in tables if s.name == sink), None) if sink else (tables[0] if tables else None)
     if chosen is None:
         raise SpecError(f"Pipeline '{pipeline}' has no table sink '{sink}'.",
                         fix=f"Use one of: {', '.join(s.name for s in tables) or 'none'}.")
-    if isinstance(chosen, DeltaSink):
-        _show_delta(chosen, limit, count_by)
+    if chosen.view_order is None:
+        _show_lake(chosen, limit, count_by)
         return
-    if isinstance(chosen, PostgresAggregateSink):
-        sums, order = list(chosen.sum_columns), [f"{chosen.sum_columns[0]} DESC", *chosen.keys]
-    else:
-        sums, order = [], ["topic", "partition", "offset DESC"]
+    order, sums = chosen.view_order
     with transaction(_ledger_url()) as session:
         view = queries.sink_view(session, _pipeline_id(session, pipeline), chosen.table, order, sums, limit)
     totals = "".join(f", sum of {column} {value}" for column, value in view.sums.items())
@@ -670,16 +674,12 @@ def _print_rows(title: str, columns: list[str], rows: list[tuple]) -> None:
     console.print(table)
 
 
-def _show_delta(sink: DeltaSink, limit: int, count_by: str | None) -> None:
-    from microbatch.sinks import delta
-
-    if count_by is not None and count_by not in sink.columns:
-        raise SpecError(f"Sink '{sink.name}' has no column '{count_by}'.",
-                        fix=f"Use one of: {', '.join(sink.columns)}.")
-    view = delta.table_view(sink, limit, count_by)
+def _show_lake(sink: Sink, limit: int, count_by: str | None) -> None:
+    view = sink.lake_view(limit, count_by)
+    assert view is not None, "a sink with a lake_location has a lake_view"
     query = f"rows per {count_by}" if count_by else "newest rows"
-    _print_rows(f"{sink.name} (delta, read by delta-rs): {view.total_rows} rows in version {view.version} of "
-                f"{view.location}, {view.files} files; {query}", view.columns, view.rows)
+    _print_rows(f"{sink.name} ({sink.type}, read by {view.reader}): {view.total_rows} rows in version "
+                f"{view.version} of {view.location}, {view.files} files; {query}", view.columns, view.rows)
 
 
 @app.command()
@@ -710,9 +710,10 @@ def new(
 def _create_output_topics(pipeline: str) -> None:
     from microbatch.config import find_spec
     from microbatch.dev.kafka import create_topic
+    from microbatch.sinks.registry import publishing
 
-    for sink in find_spec(pipeline).kafka_sinks:
-        create_topic(_bootstrap(), sink.topic, 4)
+    for sink in publishing(find_spec(pipeline)):
+        create_topic(_bootstrap(), sink.spec.topic, 4)
 
 
 def _generate_clicks(count: int, seed: int) -> None:

@@ -13,10 +13,11 @@ import json
 import math
 import os
 import re
+from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 import yaml
 from pydantic import (
@@ -317,6 +318,23 @@ SOURCE_COORDINATES = ("topic", "partition", "offset")
 """Columns the platform adds to row sinks: where each row came from. A spec may not declare them."""
 
 
+class SinkModel(_Strict):
+    """What every sink spec model answers, so that a check across sinks never asks a sink's type."""
+
+    name: str
+
+    @property
+    def published_columns(self) -> list[str] | None:
+        """The columns of the rows a kafka sink may publish from this sink (its key is one of them); None: this
+        sink's rows cannot be published."""
+        return None
+
+    def check_among(self, sinks: Mapping[str, SinkModel]) -> None:
+        """Raise `ValueError` (one sentence naming the field) if this sink does not fit the pipeline's other
+        `sinks` (by name)."""
+        return None
+
+
 def _check_columns(columns: dict[str, str]) -> dict[str, str]:
     for name in columns:
         _check_identifier(name)
@@ -342,10 +360,9 @@ def _check_upsert_columns(keys: list[str], order_by: str | None, delete_column: 
         raise ValueError(f"delete_column: '{delete_column}' marks deletes and is not stored; remove it from columns")
 
 
-class PostgresAggregateSink(_Strict):
+class PostgresAggregateSink(SinkModel):
     """A Postgres table whose numeric columns are summed on conflict of its key columns."""
 
-    name: str
     type: Literal["postgres_aggregate"] = "postgres_aggregate"
     table: str
     columns: dict[str, ColumnType] | None = None
@@ -409,11 +426,15 @@ class PostgresAggregateSink(_Strict):
     def key_and_sum_columns(self) -> list[str]:
         return [*self.keys, *self.sum_columns]
 
+    @property
+    def published_columns(self) -> list[str] | None:
+        """A windowed aggregate publishes each final window once."""
+        return self.key_and_sum_columns if self.window is not None else None
 
-class _RowSink(_Strict):
+
+class _RowSink(SinkModel):
     """A Postgres table of rows (not sums): each row keeps the source coordinates of the record it came from."""
 
-    name: str
     table: str
     columns: dict[str, ColumnType] = Field(min_length=1)
     """Each column's PostgreSQL type, in table order; `microbatch migrate` creates the table from it, with the
@@ -443,6 +464,11 @@ class PostgresAppendSink(_RowSink):
 
     type: Literal["postgres_append"]
 
+    @property
+    def published_columns(self) -> list[str] | None:
+        """Each row is published once."""
+        return list(self.columns)
+
 
 class PostgresUpsertSink(_RowSink):
     """The last value per key: the greatest (`order_by`, then topic, partition, offset) among all committed
@@ -461,11 +487,10 @@ class PostgresUpsertSink(_RowSink):
         return self
 
 
-class KafkaSink(_Strict):
+class KafkaSink(SinkModel):
     """Publishes rows of another sink to a Kafka topic, exactly once, via the outbox: each final window of a
     windowed aggregate, or each row of an append sink."""
 
-    name: str
     type: Literal["kafka"]
     topic: str
     source: str
@@ -486,6 +511,16 @@ class KafkaSink(_Strict):
     def transactional_id(self) -> str:
         return f"microbatch.{self.name}"
 
+    def check_among(self, sinks: Mapping[str, SinkModel]) -> None:
+        """The source is a sink whose rows can be published, and the key is one of their columns."""
+        source = sinks.get(self.source)
+        columns = source.published_columns if source is not None else None
+        if columns is None:
+            raise ValueError(f"sinks: kafka sink '{self.name}' must name a windowed postgres_aggregate sink "
+                             "or a postgres_append sink in 'source'")
+        if self.key not in columns:
+            raise ValueError(f"sinks: kafka sink '{self.name}' key '{self.key}' is not a column of '{self.source}'")
+
 
 _PARTITION_TRANSFORM = re.compile(r"(?:(year|month|day|hour)\(([a-z_][a-z0-9_]*)\)|([a-z_][a-z0-9_]*))")
 
@@ -500,12 +535,11 @@ class LakeMaintenance(_Strict):
     """VACUUM keeps the files of versions younger than this (Delta's default: 7 days)."""
 
 
-class DeltaSink(_Strict):
+class DeltaSink(SinkModel):
     """A Delta Lake table written by Spark's executors, exactly once per batch: each batch is ONE Delta commit
     carrying the batch's idempotency key (`txnAppId`) and its ranges (`userMetadata`); the ledger keeps which
     table version holds which batch. (Iceberg publishes no Spark runtime for Spark 4.2: see docs/sinks.md.)"""
 
-    name: str
     type: Literal["delta"]
     path: str | None = None
     """The table's location: a folder under the warehouse (`MICROBATCH_WAREHOUSE`, default `.cache/warehouse`),
@@ -575,7 +609,10 @@ class DeltaSink(_Strict):
 
 SinkSpec = Annotated[PostgresAggregateSink | PostgresAppendSink | PostgresUpsertSink | KafkaSink | DeltaSink,
                      Field(discriminator="type")]
-_SINK_TAGS = {"postgres_aggregate", "postgres_append", "postgres_upsert", "kafka", "delta"}
+SINK_MODELS: tuple[type[SinkModel], ...] = get_args(get_args(SinkSpec)[0])
+SINK_TAGS: frozenset[str] = frozenset(tag for model in SINK_MODELS
+                                      for tag in get_args(model.model_fields["type"].annotation))
+"""The spec's sink `type`s, read from the union: each names its module `microbatch.sinks.<type>`."""
 
 
 class RetrySpec(_Strict):
@@ -707,28 +744,9 @@ class PipelineSpec(_Strict):
         if len(set(names)) != len(names):
             raise ValueError("sinks: two sinks share a name; give each sink its own name")
         by_name = {s.name: s for s in self.sinks}
-        for sink in self.kafka_sinks:
-            source = by_name.get(sink.source)
-            windowed = isinstance(source, PostgresAggregateSink) and source.window is not None
-            if not (windowed or isinstance(source, PostgresAppendSink)):
-                raise ValueError(f"sinks: kafka sink '{sink.name}' must name a windowed postgres_aggregate sink "
-                                 "or a postgres_append sink in 'source'")
-            names = source.columns if isinstance(source, PostgresAppendSink) else source.key_and_sum_columns
-            if sink.key not in names:
-                raise ValueError(f"sinks: kafka sink '{sink.name}' key '{sink.key}' is not a column of '{source.name}'")
+        for sink in self.sinks:
+            sink.check_among(by_name)
         return self
-
-    @property
-    def aggregate_sinks(self) -> list[PostgresAggregateSink]:
-        return [s for s in self.sinks if isinstance(s, PostgresAggregateSink)]
-
-    @property
-    def kafka_sinks(self) -> list[KafkaSink]:
-        return [s for s in self.sinks if isinstance(s, KafkaSink)]
-
-    @property
-    def lake_sinks(self) -> list[DeltaSink]:
-        return [s for s in self.sinks if isinstance(s, DeltaSink)]
 
     @property
     def group_id(self) -> str:
@@ -753,7 +771,7 @@ class PipelineSpec(_Strict):
 
 def _describe(error: ValidationError, path: Path) -> str:
     first = error.errors()[0]
-    field = ".".join(str(part) for part in first["loc"] if part not in _SINK_TAGS) or "(top level)"
+    field = ".".join(str(part) for part in first["loc"] if part not in SINK_TAGS) or "(top level)"
     message = first["msg"].removeprefix("Value error, ")
     if first["type"] == "extra_forbidden":
         message = "is not a known setting; remove it or fix its spelling"

@@ -488,7 +488,7 @@ class Harness:
     def _transactional_id(self) -> str:
         """The publisher's transactional_id, as the spec's Kafka sink derives it."""
         spec = load_spec(Path(self.env["MICROBATCH_PIPELINES_DIR"]) / f"{self.pipeline}.yaml")
-        return spec.kafka_sinks[0].transactional_id
+        return next(s for s in spec.sinks if s.type == "kafka").transactional_id
 
     def restart_postgres(self, sig: int) -> str:
         _wait_for(self._staged_batch, 120)

@@ -241,7 +241,7 @@ ZOMBIE = textwrap.dedent("""
         builder = builder.config(k, v)
     spark = builder.getOrCreate()
     spec = find_spec("lake")
-    sink = next(s for s in spec.lake_sinks if s.name == "clicks_lake")
+    sink = next(s for s in spec.sinks if s.name == "clicks_lake")
     with transaction(url) as session:
         batch = repo.get_batch(session, batch_id)
         owner = delta.Owner("lake", repo.pipeline_uid(session, batch.pipeline_id), sink.name)

@@ -60,7 +60,7 @@ def assert_published_once(bootstrap: str, topic: str, count: int) -> None:
 
 def test_publishes_in_bounded_transactions_and_resumes_from_the_topic(outbox, ledger_url, kafka):
     spec, topic = outbox
-    sink = spec.kafka_sinks[0]
+    sink = next(s for s in spec.sinks if s.type == "kafka")
     result = publish_sink(spec, sink, ledger_url, kafka.bootstrap_servers)
     assert (result.first_seq, result.last_seq, result.records, result.transactions) == (1, 1200, 1200, 3)
     assert_published_once(kafka.bootstrap_servers, topic, 1200)
@@ -90,7 +90,7 @@ def test_publisher_killed_at_each_point_publishes_each_sequence_once(failpoint, 
 
 def test_zombie_publisher_is_fenced_and_its_records_stay_invisible(outbox, ledger_url, kafka):
     spec, topic = outbox
-    sink = spec.kafka_sinks[0]
+    sink = next(s for s in spec.sinks if s.type == "kafka")
     zombie = KafkaProducer(bootstrap_servers=kafka.bootstrap_servers, transactional_id=sink.transactional_id)
     zombie.init_transactions()
     zombie.begin_transaction()
@@ -117,7 +117,7 @@ def test_zombie_publisher_is_fenced_and_its_records_stay_invisible(outbox, ledge
 
 def test_no_hanging_transaction_marker_probe(outbox, ledger_url, kafka):
     spec, topic = outbox
-    publish_sink(spec, spec.kafka_sinks[0], ledger_url, kafka.bootstrap_servers)
+    publish_sink(spec, next(s for s in spec.sinks if s.type == "kafka"), ledger_url, kafka.bootstrap_servers)
     probe = KafkaProducer(bootstrap_servers=kafka.bootstrap_servers, transactional_id=f"probe-{uuid.uuid4()}")
     probe.init_transactions()
     probe.begin_transaction()
@@ -150,7 +150,7 @@ def test_missing_output_topic_is_a_clear_error(ledger_url, kafka, topic, tmp_pat
         session.execute(text("INSERT INTO outbox VALUES (:p, 'ip_count_sink', 1, :b, 'k', '{}')"),
                         {"p": pipeline.id, "b": batch.id})
     with pytest.raises(Exception, match=f"The output topic '{topic}_out' does not exist"):
-        publish_sink(spec, spec.kafka_sinks[0], ledger_url, kafka.bootstrap_servers)
+        publish_sink(spec, next(s for s in spec.sinks if s.type == "kafka"), ledger_url, kafka.bootstrap_servers)
     create_topic(kafka.bootstrap_servers, f"{topic}_out", 1)
 
 

@@ -21,6 +21,7 @@ from microbatch.airflow import hooks
 from microbatch.airflow.operators import STAGE_OPERATORS, LakeMaintenanceOperator, batch_id_list, resolved, task_errors
 from microbatch.config import PipelineSpec, find_spec
 from microbatch.kafka.security import security_scope
+from microbatch.sinks.registry import maintained, publishing, sinks_of
 
 log = logging.getLogger("microbatch")
 
@@ -36,16 +37,17 @@ def backfill_dag(name: str) -> DAG:
 
 
 def maintenance_dag(name: str) -> DAG | None:
-    """The `<pipeline>__maintenance` DAG of a pipeline with Delta sinks (None without): compaction and vacuum of
-    its tables, on the schedule of its first Delta sink's `maintenance`. The job is a spark-submit in every
-    `spark.mode`: a pipeline that stages through Spark Connect maintains on the default Spark connection."""
+    """The `<pipeline>__maintenance` DAG of a pipeline with sinks that need maintenance (None without), e.g.
+    compaction and vacuum of Delta tables, on the schedule of its first such sink. The job is a spark-submit in
+    every `spark.mode`: a pipeline that stages through Spark Connect maintains on the default Spark connection."""
     spec = find_spec(name)
-    if not spec.lake_sinks:
+    sinks = maintained(spec)
+    if not sinks:
         return None
     spec = spec.model_copy(update={"spark": spec.spark.for_submit()})
-    with DAG(dag_id=f"{spec.name}__maintenance", schedule=spec.lake_sinks[0].maintenance.schedule,
+    with DAG(dag_id=f"{spec.name}__maintenance", schedule=sinks[0].maintenance_schedule,
              start_date=datetime(2024, 1, 1), catchup=False, max_active_runs=1, default_args=_default_args(spec),
-             description=f"Compact and vacuum the Delta tables of {spec.name}",
+             description=f"{sinks[0].maintenance_summary} of {spec.name}",
              tags=["microbatch", "maintenance", *spec.tags]) as dag:
         LakeMaintenanceOperator(task_id="maintain", spec=spec)
     return dag
@@ -64,7 +66,7 @@ def build_dag(spec: PipelineSpec, *, backfill: bool = False) -> DAG:
         stage = STAGE_OPERATORS[spec.spark.mode](task_id="stage", spec=spec)  # reads plan's XCom by template
         committed = _commit_task(spec)(batch_ids)
         batch_ids >> stage >> committed
-        if spec.kafka_sinks:
+        if publishing(spec):
             committed >> _publish_task(spec)()
     return dag
 
@@ -157,20 +159,15 @@ def _backfill_plan_task(spec: PipelineSpec) -> Callable[[], Any]:
 
 
 def sink_assets(spec: PipelineSpec) -> list[Asset]:
-    """The Postgres sinks' tables, updated by `commit`. Named after the table, as the URI is: a sink moved to
-    another table is another asset (Airflow leaves an asset inactive while one name has two URIs)."""
-    return [
-        Asset(name=f"microbatch.{spec.name}.{sink.table}", uri=f"microbatch://{spec.name}/{sink.table}")
-        for sink in spec.aggregate_sinks
-    ]
+    """The tables every sink but a publishing one writes (Postgres tables, lakehouse tables), updated by
+    `commit`; each sink names its assets (`Sink.assets`)."""
+    return [Asset(name=ref.name, uri=ref.uri)
+            for sink in sinks_of(spec).values() if not sink.publishes for ref in sink.assets(spec.name)]
 
 
 def topic_assets(spec: PipelineSpec) -> list[Asset]:
     """The Kafka output topics, updated by `publish`."""
-    return [
-        Asset(name=f"microbatch.{spec.name}.{sink.name}", uri=f"microbatch://{spec.name}/{sink.name}")
-        for sink in spec.kafka_sinks
-    ]
+    return [Asset(name=ref.name, uri=ref.uri) for sink in publishing(spec) for ref in sink.assets(spec.name)]
 
 
 def _commit_task(spec: PipelineSpec) -> Any:
@@ -224,10 +221,10 @@ def _publish_task(spec: PipelineSpec) -> Any:
 
         url = resolved(hooks.ledger_url)
         summary = {}
-        for sink in spec.kafka_sinks:
-            kafka = resolved(hooks.kafka_settings, sink.connection)
+        for sink in publishing(spec):
+            kafka = resolved(hooks.kafka_settings, sink.spec.connection)
             with task_errors(url), security_scope(kafka.security):
-                result = publish_sink(spec, sink, url, kafka.bootstrap_servers)
+                result = publish_sink(spec, sink.spec, url, kafka.bootstrap_servers)
             log_publish_summary(log, spec.name, result)
             summary[sink.name] = {"first_seq": result.first_seq, "last_seq": result.last_seq,
                                   "records": result.records, "transactions": result.transactions}

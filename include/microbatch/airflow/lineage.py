@@ -24,7 +24,7 @@ from typing import Any, ClassVar
 
 from sqlalchemy import make_url
 
-from microbatch.config import DeltaSink, KafkaSink, PipelineSpec
+from microbatch.config import PipelineSpec
 from microbatch.ledger import repository as repo
 from microbatch.ledger.database import transaction
 from microbatch.ledger.models import Pipeline
@@ -89,23 +89,17 @@ def facet_classes() -> tuple[type, type]:
 def outputs_of(spec: PipelineSpec, result: CommitResult, ledger_url: str, kafka_namespace: str,
                staged: dict[str, int]) -> list[tuple[str, str, int]]:
     """(namespace, name, rows) of each dataset the batch wrote: Postgres tables (in the ledger's database),
-    Delta tables and Kafka topics; no credentials in any of them."""
-    from microbatch.sinks.delta import location
+    Delta tables and Kafka topics, as each sink names its own (`Sink.lineage_output`); no credentials in any of
+    them."""
+    from microbatch.sinks.base import LineagePlaces
+    from microbatch.sinks.registry import sinks_of
 
     url = make_url(ledger_url)
-    postgres = f"postgres://{url.host or '127.0.0.1'}:{url.port or 5432}"
-    outputs = []
-    for sink in spec.sinks:
-        if isinstance(sink, KafkaSink):
-            first, last = result.outbox.get(sink.name, (1, 0))
-            outputs.append((kafka_namespace, sink.topic, last - first + 1))
-        elif isinstance(sink, DeltaSink):
-            outputs.append(("file", location(sink), int(staged.get(sink.name, 0))))
-        else:
-            table = sink.table if "." in sink.table else f"public.{sink.table}"
-            rows = result.rows_by_sink.get(sink.name, staged.get(sink.name, 0))
-            outputs.append((postgres, f"{url.database}.{table}", int(rows)))
-    return outputs
+    places = LineagePlaces(postgres=f"postgres://{url.host or '127.0.0.1'}:{url.port or 5432}",
+                           database=str(url.database), kafka=kafka_namespace)
+    outputs = [sink.lineage_output(places, result.rows_by_sink, result.outbox, staged)
+               for sink in sinks_of(spec).values()]
+    return [output for output in outputs if output is not None]
 
 
 def batch_event(spec: PipelineSpec, namespace: str, batch: dict[str, Any], ranges: list[OffsetRange],

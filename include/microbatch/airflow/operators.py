@@ -27,7 +27,7 @@ from microbatch.kafka.security import security_scope
 from microbatch.ledger.database import unreachable
 from microbatch.runtime import PROJECT_ROOT, RUN_BATCH, library_zip, spark_jars
 from microbatch.settings import LEDGER_URL_ENV, KafkaSettings
-from microbatch.sinks import delta
+from microbatch.sinks.registry import driver_env as sink_driver_env
 from microbatch.sinks.registry import spark_session_conf
 
 log = logging.getLogger("microbatch")
@@ -93,7 +93,7 @@ def driver_env(ledger_url: str, kafka: KafkaSettings) -> dict[str, str]:
             filter(None, [str(PROJECT_ROOT / "include"), str(PROJECT_ROOT), os.environ.get("PYTHONPATH")])
         ),
     }
-    env[delta.WAREHOUSE_ENV] = delta.warehouse()  # resolved here, so the driver writes where verify reads
+    env.update(sink_driver_env())  # resolved here (the warehouse), so the driver writes where verify reads
     return env | {name: os.environ[name] for name in PASSED_ON if os.environ.get(name)}
 
 

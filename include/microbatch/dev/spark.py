@@ -15,7 +15,7 @@ from pathlib import Path
 from microbatch.dev.process import free_port, port_open, terminate_group, wait_until
 from microbatch.runtime import PROJECT_ROOT, spark_jars
 from microbatch.runtime import spark_home as runtime_spark_home
-from microbatch.sinks import delta
+from microbatch.sinks.registry import any_spark_session_conf
 from microbatch.spark_remote import display
 
 log = logging.getLogger(__name__)
@@ -161,7 +161,7 @@ class SparkConnectServer:
             "spark.executor.extraJavaOptions": "-Duser.timezone=UTC",
             "spark.ui.enabled": "false",
             "spark.pyspark.python": sys.executable,
-            **delta.SPARK_SESSION_CONF,  # static settings: a Connect session cannot set them later
+            **any_spark_session_conf(),  # static settings: a Connect session cannot set them later
             **self.conf,
         }
         command = [str(spark_home / "bin" / "spark-submit"), "--class",

@@ -29,7 +29,6 @@ from typing import Literal
 
 from kafka import KafkaConsumer
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
-from sqlalchemy import text
 from sqlalchemy.orm import Session
 
 from microbatch.config import PipelineSpec
@@ -226,7 +225,7 @@ def _plan_replay(session: Session, spec: PipelineSpec, pipeline: Pipeline, param
                  requests: list[OffsetRange], airflow_run_id: str | None) -> BackfillOutcome:
     for sink in sinks_of(spec).values():
         sink.check_replay()
-    whole_batches = any(not sink.per_partition for sink in spec.aggregate_sinks)
+    whole_batches = any(sink.replays_whole_batches for sink in sinks_of(spec).values())
     replay = plan_replay(requests, repo.committed_range_rows(session, pipeline.id), whole_batches=whole_batches)
     if replay.never_committed:
         first = replay.never_committed[0]
@@ -260,25 +259,16 @@ def _plan_replay(session: Session, spec: PipelineSpec, pipeline: Pipeline, param
 def _affected_rows(
     session: Session, spec: PipelineSpec, replace: list[CommittedRange]
 ) -> dict[str, tuple[int, object, object]]:
-    """Per aggregate sink: the rows whose contribution a replay replaces, and the windows they span."""
+    """Per sink that reports it (an aggregate): the rows whose contribution a replay replaces, and the windows they
+    span."""
     affected: dict[str, tuple[int, object, object]] = {}
     keys = [{"b": c.batch_id, "t": c.range.topic, "n": c.range.partition} for c in replace]
-    for sink in spec.aggregate_sinks:
-        if not keys:
-            break
-        window = sink.window
-        span = (f', min("{window.start}"), max("{window.end}")' if window else ", NULL, NULL")
-        if sink.per_partition:
-            join = ("JOIN jsonb_to_recordset(CAST(:keys AS jsonb)) AS k(b bigint, t text, n int) "
-                    "ON c.batch_id = k.b AND c.topic = k.t AND c.partition = k.n")
-        else:  # the plan replays whole batches
-            join = ("JOIN (SELECT DISTINCT b FROM jsonb_to_recordset(CAST(:keys AS jsonb)) AS k(b bigint)) k "
-                    "ON c.batch_id = k.b")
-        rows, low, high = session.execute(
-            text(f'SELECT count(*){span} FROM "{sink.contributions_table}" c {join}'),
-            {"keys": json.dumps(keys)},
-        ).one()
-        affected[sink.name] = (rows, low, high)
+    if not keys:
+        return affected
+    for sink in sinks_of(spec).values():
+        footprint = sink.replay_footprint(session, json.dumps(keys))
+        if footprint is not None:
+            affected[sink.name] = footprint
     return affected
 
 

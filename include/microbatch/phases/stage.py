@@ -505,7 +505,7 @@ def _write_in_stage(spec: PipelineSpec, sink: Sink, rows: DataFrame, current: _A
 def takes_late_records(sink: Sink) -> bool:
     """Whether a sink takes the late records as well (a row sink with `include_late`, e.g. a raw landing
     table); an aggregate never does, so its windows that may be published stay final."""
-    return bool(getattr(sink, "include_late", False))
+    return sink.include_late
 
 
 def _job_outputs(

@@ -13,7 +13,14 @@ A sink type is a subclass of `Sink` that overrides only what it does:
 - **publish**: a sink that others publish from answers `published_rows` with the rows that became
   publishable in this commit; a sink that publishes (kafka) reads them in `write_outbox`.
 - **schema** (`microbatch migrate` and the plan check, sinks/schema.py): `tables` defines the sink's tables
-  (the sink table, its staging table, any side table) on a SQLAlchemy `MetaData`; `[]`: it has none.
+  (the sink table, its staging table, any side table) on a SQLAlchemy `MetaData`; `[]`: it has none. A sink
+  with a lakehouse table migrates and checks it itself (`lake_refusal`, `migrate_lake`, `check_lake`).
+
+**Capabilities.** Code outside `sinks/` never asks a sink's type: it asks what the sink does (`writes_in_stage`,
+`publishes`, `table`, `lake_location`, `include_late`, `replays_whole_batches`, `assets`, `lineage_output`,
+`maintenance_schedule`, `view_order`, ...; docs/architecture.md has the table). A new sink type is a module
+`sinks/<type>.py` with one `Sink` subclass whose `type` is the tag, and its spec model in the union of
+`config.SinkSpec`; `registry` finds the module by the tag.
 
 Every method takes the caller's session and runs set-based SQL inside Postgres; none commits or rolls back.
 """
@@ -31,12 +38,12 @@ from sqlalchemy.dialects import postgresql
 from sqlalchemy.orm import Session
 from sqlalchemy.types import TypeEngine
 
-from microbatch.config import SinkSpec
+from microbatch.config import PipelineSpec, SinkSpec
 from microbatch.errors import MicrobatchError
 from microbatch.types import OffsetRange
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame
+    from pyspark.sql import DataFrame, SparkSession
 
 
 def quote(identifier: str) -> str:
@@ -162,18 +169,62 @@ class PublishedRows:
     """`WITH ... final AS (...) ` (with its trailing space) when `relation` is a common table expression."""
 
 
+@dataclass(frozen=True)
+class TableView:
+    """What `microbatch show` prints of a lakehouse table, read without Spark."""
+
+    location: str
+    version: int
+    files: int
+    total_rows: int
+    columns: list[str]
+    rows: list[tuple[Any, ...]]
+    reader: str
+    """What read the table (e.g. `delta-rs`)."""
+
+
+@dataclass(frozen=True)
+class AssetRef:
+    """An Airflow Asset that a sink's output is (plain strings: sinks/ does not import Airflow)."""
+
+    name: str
+    uri: str
+
+
+def table_asset(pipeline: str, table: str) -> AssetRef:
+    """The asset of a table or topic of a pipeline, named after it as its URI is: a sink moved to another table is
+    another asset (Airflow leaves an asset inactive while one name has two URIs)."""
+    return AssetRef(name=f"microbatch.{pipeline}.{table}", uri=f"microbatch://{pipeline}/{table}")
+
+
+@dataclass(frozen=True)
+class LineagePlaces:
+    """Where a batch's outputs live, as OpenLineage namespaces them (no credentials)."""
+
+    postgres: str
+    """`postgres://HOST:PORT` of the ledger's database, which holds the Postgres sink tables."""
+    database: str
+    kafka: str
+    """`kafka://HOST:PORT` of the output topics."""
+
+
 class Sink:
     """A sink of one pipeline: its spec plus what the stage and the commit ask of it. Every default does
-    nothing, so a sink type overrides only the steps it takes part in."""
+    nothing, so a sink type overrides only the steps it takes part in, and declares its capabilities."""
 
     type: ClassVar[str]
-    """The spec's `type` that selects this class."""
+    """The spec's `type` that selects this class (and names its module, `sinks/<type>.py`)."""
     staging: Staging | None = None
     spark_session_conf: ClassVar[Mapping[str, str]] = {}
     """Static settings that a Spark session staging this sink needs (a session extension, a catalog)."""
     writes_in_stage = False
     """A lakehouse sink: the stage writes its table itself (one idempotent table commit per batch), instead of
     a Postgres staging table; `staging` then names only the columns it takes."""
+    publishes: ClassVar[bool] = False
+    """Publishes to Kafka: its commit writes outbox rows, which the publish task (after the commit) sends; its
+    assets are the publish task's outlets."""
+    maintenance_summary: ClassVar[str] = ""
+    """What the `<pipeline>__maintenance` DAG does to this sink's table, for the DAG's description."""
 
     def __init__(self, spec: SinkSpec) -> None:
         self.spec = spec
@@ -181,6 +232,97 @@ class Sink:
     @property
     def name(self) -> str:
         return self.spec.name
+
+    # --- capabilities ----------------------------------------------------------------------------------
+
+    @property
+    def table(self) -> str | None:
+        """The Postgres table that readers query (in the ledger's database); None: the sink has none."""
+        return None
+
+    @property
+    def lake_location(self) -> str | None:
+        """The folder or URI of the sink's lakehouse table; None: it has none."""
+        return None
+
+    @property
+    def include_late(self) -> bool:
+        """The stage hands this sink's output the late records too (see `phases/stage.py`); an aggregate never
+        takes them, so its windows that may be published stay final."""
+        return False
+
+    @property
+    def replays_whole_batches(self) -> bool:
+        """A replay must recompute every range of each batch it touches (the sink keeps one contribution per
+        batch, not per range)."""
+        return False
+
+    @property
+    def maintenance_schedule(self) -> str | None:
+        """The schedule of the `<pipeline>__maintenance` DAG that `maintain`s this sink; None: it needs none."""
+        return None
+
+    @property
+    def view_order(self) -> tuple[list[str], list[str]] | None:
+        """`microbatch show` of the Postgres table: (ORDER BY terms, columns summed in the title); None: the sink
+        has no Postgres table. By default the newest rows by source coordinates."""
+        return None if self.table is None else (["topic", "partition", "offset DESC"], [])
+
+    def assets(self, pipeline: str) -> list[AssetRef]:
+        """The Airflow Assets the sink's output is: its Postgres table, by default, updated by the commit task (by
+        the publish task for a sink that `publishes`)."""
+        return [] if self.table is None else [table_asset(pipeline, self.table)]
+
+    def lineage_output(self, places: LineagePlaces, rows_by_sink: Mapping[str, int],
+                       outbox: Mapping[str, tuple[int, int]], staged: Mapping[str, int]) -> tuple[str, str, int] | None:
+        """(namespace, name, rows this batch wrote) of the OpenLineage dataset the sink wrote; None: none. By
+        default its Postgres table, with the rows its merge wrote (else those staged)."""
+        if self.table is None:
+            return None
+        table = self.table if "." in self.table else f"public.{self.table}"
+        rows = rows_by_sink.get(self.name, staged.get(self.name, 0))
+        return places.postgres, f"{places.database}.{table}", int(rows)
+
+    @classmethod
+    def driver_env(cls) -> dict[str, str]:
+        """Environment a Spark driver of any pipeline needs for this sink type (resolved in the task, so that the
+        driver writes where the CLI reads)."""
+        return {}
+
+    # --- the lakehouse table, outside Postgres (`microbatch migrate`, the plan check, verify, maintenance) ----
+
+    def lake_refusal(self) -> str | None:
+        """The first change of the lakehouse table that `migrate_lake` would refuse, as a sentence; checked before
+        anything is migrated."""
+        return None
+
+    def migrate_lake(self) -> list[str]:
+        """Create the lakehouse table, or make its additive changes; what was done, one line each."""
+        return []
+
+    def check_lake(self, spec: PipelineSpec) -> None:
+        """Refuse (`SpecError`) a batch while the lakehouse table is missing or differs from the spec."""
+        return None
+
+    def audit(self, session: Session, spec: PipelineSpec, pipeline_id: int, uid: str) -> tuple[list[str], list[str]]:
+        """`microbatch verify`: the lakehouse table against the ledger: (summary lines, problems)."""
+        return [], []
+
+    def lake_view(self, limit: int, group_by: str | None) -> TableView | None:
+        """`microbatch show` of the lakehouse table (its newest rows, or row counts per `group_by` value); None: the
+        sink has no lakehouse table."""
+        return None
+
+    def maintain(self, spark: SparkSession) -> None:
+        """The maintenance DAG's job for this sink (compaction, clean-up), in a spark-submit."""
+        return None
+
+    def replay_footprint(self, session: Session, keys: str) -> tuple[int, object, object] | None:
+        """Before a replay: (rows, first window start, last window end) of what the replaced ranges contributed
+        to this sink, `keys` the JSON list of {b: batch, t: topic, n: partition}; None: nothing to report."""
+        return None
+
+    # --- the batch protocol ------------------------------------------------------------------------------
 
     def tables(self, metadata: sa.MetaData) -> list[sa.Table]:
         """This sink's tables, defined on `metadata`: the sink table with its primary key and indexes, its

@@ -35,8 +35,10 @@ it opens a batch. `microbatch verify` checks every committed batch against the t
 from __future__ import annotations
 
 import json
+import logging
 import os
-from collections.abc import Iterable, Sequence
+import time
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -47,13 +49,23 @@ from sqlalchemy.orm import Session
 from microbatch.config import SOURCE_COORDINATES, DeltaSink, PipelineSpec
 from microbatch.errors import MicrobatchError, SpecError
 from microbatch.runtime import cache_dir
-from microbatch.sinks.base import CommitContext, Sink, Staging, TableWrite
+from microbatch.sinks.base import (
+    AssetRef,
+    CommitContext,
+    LineagePlaces,
+    Sink,
+    Staging,
+    TableView,
+    TableWrite,
+    table_asset,
+)
 from microbatch.sinks.base import tombstone_sql as base_tombstone_sql
 from microbatch.types import OffsetRange
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame
+    from pyspark.sql import DataFrame, SparkSession
 
+log = logging.getLogger("microbatch.maintenance")
 WAREHOUSE_ENV = "MICROBATCH_WAREHOUSE"
 TXN_VERSION = 1
 """Delta keeps the greatest `txnVersion` per `txnAppId`; each batch has its own app id, so one version."""
@@ -330,6 +342,7 @@ class DeltaTableSink(Sink):
     type = "delta"
     spark_session_conf = SPARK_SESSION_CONF
     writes_in_stage = True
+    maintenance_summary = "Compact and vacuum the Delta tables"
     spec: DeltaSink
 
     def __init__(self, spec: DeltaSink) -> None:
@@ -343,9 +356,54 @@ class DeltaTableSink(Sink):
         return location(self.spec)
 
     @property
+    def lake_location(self) -> str:
+        return location(self.spec)
+
+    @property
     def include_late(self) -> bool:
-        """Late records land here too unless the spec says otherwise (see `phases/stage.takes_late_records`)."""
+        """Late records land here too unless the spec says otherwise."""
         return self.spec.include_late
+
+    @property
+    def maintenance_schedule(self) -> str:
+        return self.spec.maintenance.schedule
+
+    def assets(self, pipeline: str) -> list[AssetRef]:
+        """The table, by the sink's name (its location depends on where the task runs); the commit task updates
+        it, when the ledger makes the batch's table version the committed one."""
+        return [table_asset(pipeline, self.name)]
+
+    def lineage_output(self, places: LineagePlaces, rows_by_sink: Mapping[str, int],
+                       outbox: Mapping[str, tuple[int, int]], staged: Mapping[str, int]) -> tuple[str, str, int]:
+        return "file", self.location, int(staged.get(self.name, 0))
+
+    @classmethod
+    def driver_env(cls) -> dict[str, str]:
+        """The warehouse, resolved in the task, so the driver writes where `microbatch verify` reads."""
+        return {WAREHOUSE_ENV: warehouse()}
+
+    def lake_refusal(self) -> str | None:
+        table = existing_table(self.location)
+        refused = table is not None and differences(self.spec, table)[1]
+        return refused or None
+
+    def migrate_lake(self) -> list[str]:
+        return migrate_table(self.spec)
+
+    def check_lake(self, spec: PipelineSpec) -> None:
+        check_table(spec, self.spec)
+
+    def audit(self, session: Session, spec: PipelineSpec, pipeline_id: int, uid: str) -> tuple[list[str], list[str]]:
+        return audit(session, spec, [self.spec], pipeline_id, uid)
+
+    def lake_view(self, limit: int, group_by: str | None) -> TableView:
+        if group_by is not None and group_by not in self.spec.columns:
+            raise SpecError(f"Sink '{self.name}' has no column '{group_by}'.",
+                            fix=f"Use one of: {', '.join(self.spec.columns)}.")
+        return table_view(self.spec, limit, group_by)
+
+    def maintain(self, spark: SparkSession) -> None:
+        maintain(spark, self.spec)
 
     def write_in_stage(self, rows: DataFrame, pipeline: str, pipeline_uid: str, batch_id: int, attempt: int,
                        ranges: Sequence[OffsetRange]) -> TableWrite:
@@ -472,8 +530,9 @@ def check_table(spec: PipelineSpec, sink: DeltaSink) -> None:
 # --- the audit (`microbatch verify`) and the lookup (`microbatch find`) ---------------------------------
 
 
-def audit(session: Session, spec: PipelineSpec, pipeline_id: int, uid: str) -> tuple[list[str], list[str]]:
-    """Each lakehouse table against the ledger: every committed batch (since the sink's first) in exactly one
+def audit(session: Session, spec: PipelineSpec, sinks: Sequence[DeltaSink], pipeline_id: int, uid: str
+          ) -> tuple[list[str], list[str]]:
+    """Each table of `sinks` against the ledger: every committed batch (since the sink's first) in exactly one
     version of the table, the version the ledger recorded; no version of this pipeline's with a batch the
     ledger has not committed. Versions older than the table's retained log are audited from the ledger's
     record alone. Returns (one summary line per table, problems)."""
@@ -481,7 +540,7 @@ def audit(session: Session, spec: PipelineSpec, pipeline_id: int, uid: str) -> t
     problems: list[str] = []
     states = dict(session.execute(text("SELECT id, state FROM batches WHERE pipeline_id = :p"),
                                   {"p": pipeline_id}).all())
-    for sink in spec.lake_sinks:
+    for sink in sinks:
         loc = location(sink)
         recorded = dict(session.execute(text(
             "SELECT batch_id, table_version FROM lake_commits WHERE pipeline_id = :p AND sink = :s"),
@@ -524,18 +583,6 @@ def holding_version(session: Session, pipeline_id: int, batch_id: int) -> dict[s
     return {sink: (loc, version) for sink, loc, version in rows}
 
 
-@dataclass(frozen=True)
-class TableView:
-    """What `microbatch show` prints of a Delta table, read by delta-rs."""
-
-    location: str
-    version: int
-    files: int
-    total_rows: int
-    columns: list[str]
-    rows: list[tuple[Any, ...]]
-
-
 def table_view(sink: DeltaSink, limit: int, group_by: str | None = None) -> TableView:
     """The newest rows of the table (by source coordinates), or with `group_by` the row count per value of that
     column, largest first: a query of the table by delta-rs and Arrow, no Spark."""
@@ -559,4 +606,31 @@ def table_view(sink: DeltaSink, limit: int, group_by: str | None = None) -> Tabl
         newest = data.take(order[:limit])
         columns = [c for c in newest.column_names if c not in {gen for gen, t, _ in sink.partition_columns if t}]
         rows = [tuple(r[c] for c in columns) for r in newest.to_pylist()]
-    return TableView(loc, table.version(), len(table.file_uris()), data.num_rows, columns, rows)
+    return TableView(loc, table.version(), len(table.file_uris()), data.num_rows, columns, rows, "delta-rs")
+
+
+# --- the maintenance DAG (`spark_jobs/maintain_lake.py`) -----------------------------------------------
+
+
+def maintain(spark: SparkSession, sink: DeltaSink) -> None:
+    """Compact the table's small files (OPTIMIZE), then remove the files no retained version needs (VACUUM)."""
+    loc = location(sink)
+    before = _files(spark, loc)
+    started = time.monotonic()
+    optimized = spark.sql(f"OPTIMIZE delta.`{loc}`").collect()
+    metrics = optimized[0]["metrics"] if optimized else None
+    compacted = time.monotonic() - started
+    after = _files(spark, loc)
+    log.info("%s: OPTIMIZE %s: %s files -> %s files (%s removed, %s added) in %.1fs", sink.name, loc, before, after,
+             getattr(metrics, "numFilesRemoved", "?"), getattr(metrics, "numFilesAdded", "?"), compacted)
+    started = time.monotonic()
+    # A retention below Delta's 7-day floor needs its safety check off, as Delta's own docs say.
+    spark.conf.set("spark.databricks.delta.retentionDurationCheck.enabled",
+                   "false" if sink.maintenance.retain_hours < 168 else "true")
+    spark.sql(f"VACUUM delta.`{loc}` RETAIN {int(sink.maintenance.retain_hours)} HOURS").collect()
+    log.info("%s: VACUUM %s retaining %s hours in %.1fs", sink.name, loc, sink.maintenance.retain_hours,
+             time.monotonic() - started)
+
+
+def _files(spark: SparkSession, loc: str) -> int:
+    return int(spark.sql(f"DESCRIBE DETAIL delta.`{loc}`").collect()[0]["numFiles"])

@@ -8,11 +8,13 @@ them is the publish phase (`phases/publish.py`), outside this transaction.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
 from microbatch.config import KafkaSink
-from microbatch.sinks.base import CommitContext, PublishedRows, Sink, quote
+from microbatch.sinks.base import AssetRef, CommitContext, LineagePlaces, PublishedRows, Sink, quote, table_asset
 
 CORRECTION = " || jsonb_build_object('correction', true)"
 
@@ -32,7 +34,18 @@ def outbox_sql(sink: KafkaSink, rows: PublishedRows) -> str:
 
 class KafkaTopic(Sink):
     type = "kafka"
+    publishes = True
     spec: KafkaSink
+
+    def assets(self, pipeline: str) -> list[AssetRef]:
+        """The output topic, by the sink's name."""
+        return [table_asset(pipeline, self.name)]
+
+    def lineage_output(self, places: LineagePlaces, rows_by_sink: Mapping[str, int],
+                       outbox: Mapping[str, tuple[int, int]], staged: Mapping[str, int]) -> tuple[str, str, int]:
+        """The topic, with the outbox rows this batch wrote for it."""
+        first, last = outbox.get(self.name, (1, 0))
+        return places.kafka, self.spec.topic, last - first + 1
 
     def write_outbox(self, session: Session, ctx: CommitContext) -> tuple[int, int] | None:
         rows = ctx.sinks[self.spec.source].published_rows(ctx)

@@ -125,6 +125,20 @@ def changed_final_windows_sql(sink: PostgresAggregateSink) -> str:
     )
 
 
+def replay_footprint_sql(sink: PostgresAggregateSink) -> str:
+    """(rows, first window start, last window end) of the contributions of the committed ranges in the JSON
+    parameter :keys ({b: batch, t: topic, n: partition}); per batch, of whole batches (the plan replays those)."""
+    window = sink.window
+    span = (f', min("{window.start}"), max("{window.end}")' if window else ", NULL, NULL")
+    if sink.per_partition:
+        join = ("JOIN jsonb_to_recordset(CAST(:keys AS jsonb)) AS k(b bigint, t text, n int) "
+                "ON c.batch_id = k.b AND c.topic = k.t AND c.partition = k.n")
+    else:  # the plan replays whole batches
+        join = ("JOIN (SELECT DISTINCT b FROM jsonb_to_recordset(CAST(:keys AS jsonb)) AS k(b bigint)) k "
+                "ON c.batch_id = k.b")
+    return f'SELECT count(*){span} FROM "{sink.contributions_table}" c {join}'
+
+
 def replay_changes_sql(sink: PostgresAggregateSink) -> str:
     """Common table expressions ending in `final`: the final windows whose value the replay changed (a key
     the replay emptied has zero)."""
@@ -156,6 +170,24 @@ class PostgresAggregate(Sink):
             fix="Return the sink's columns plus the source topic and partition (group by them as well)."
             if spec.per_partition else "Return the sink's key and sum columns.",
         )
+
+    @property
+    def table(self) -> str:
+        return self.spec.table
+
+    @property
+    def replays_whole_batches(self) -> bool:
+        """Per batch (`contributions: per_batch`), a replay recomputes every partition of each batch it touches."""
+        return not self.spec.per_partition
+
+    @property
+    def view_order(self) -> tuple[list[str], list[str]]:
+        """The largest sums first."""
+        return [f"{self.spec.sum_columns[0]} DESC", *self.spec.keys], list(self.spec.sum_columns)
+
+    def replay_footprint(self, session: Session, keys: str) -> tuple[int, object, object]:
+        rows, low, high = session.execute(text(replay_footprint_sql(self.spec)), {"keys": keys}).one()
+        return rows, low, high
 
     def tables(self, metadata: sa.MetaData) -> list[sa.Table]:
         """With `columns`: the sink table (its keys the primary key, an index on a window's end for finality),

@@ -108,8 +108,11 @@ class PostgresUpsert(Sink):
         )
 
     @property
+    def table(self) -> str:
+        return self.spec.table
+
+    @property
     def include_late(self) -> bool:
-        """The stage hands this sink's output the late records too (see `phases/stage.py`)."""
         return self.spec.include_late
 
     def tables(self, metadata: sa.MetaData) -> list[sa.Table]:

@@ -1,19 +1,27 @@
-"""Which class implements each sink `type` of the spec. A new sink type is a module beside this one, its
-spec model in config.py, and one entry here."""
+"""Which class implements each sink `type` of the spec: the `Sink` subclass of the module `sinks/<type>.py`, for
+every tag of the spec's union (`config.SINK_TAGS`). A new sink type is that module and its spec model in the
+union; nothing here changes. The functions below ask the sinks' capabilities, never their type."""
 
 from __future__ import annotations
 
-from microbatch.config import PipelineSpec, SinkSpec
+import importlib
+
+from microbatch.config import SINK_TAGS, PipelineSpec, SinkSpec
 from microbatch.errors import SpecError
 from microbatch.sinks.base import Sink
-from microbatch.sinks.delta import DeltaTableSink
-from microbatch.sinks.kafka import KafkaTopic
-from microbatch.sinks.postgres_aggregate import PostgresAggregate
-from microbatch.sinks.postgres_append import PostgresAppend
-from microbatch.sinks.postgres_upsert import PostgresUpsert
 
-SINK_TYPES: dict[str, type[Sink]] = {cls.type: cls for cls in (PostgresAggregate, PostgresAppend,
-                                                                PostgresUpsert, KafkaTopic, DeltaTableSink)}
+
+def _implementation(tag: str) -> type[Sink]:
+    """The `Sink` subclass of `sinks/<tag>.py` whose `type` is `tag`."""
+    module = importlib.import_module(f"{__package__}.{tag}")
+    found = [cls for cls in vars(module).values()
+             if isinstance(cls, type) and issubclass(cls, Sink) and cls.__dict__.get("type") == tag]
+    if len(found) != 1:
+        raise TypeError(f"{module.__name__} must define one Sink subclass with type = {tag!r}, not {len(found)}")
+    return found[0]
+
+
+SINK_TYPES: dict[str, type[Sink]] = {tag: _implementation(tag) for tag in sorted(SINK_TAGS)}
 
 
 def sink_for(spec: SinkSpec) -> Sink:
@@ -30,6 +38,27 @@ def sinks_of(spec: PipelineSpec) -> dict[str, Sink]:
     return {sink.name: sink_for(sink) for sink in spec.sinks}
 
 
+def publishing(spec: PipelineSpec) -> list[Sink]:
+    """The sinks that publish to Kafka (the publish task sends their outbox rows), in the spec's order."""
+    return [sink for sink in sinks_of(spec).values() if sink.publishes]
+
+
+def maintained(spec: PipelineSpec) -> list[Sink]:
+    """The sinks that the `<pipeline>__maintenance` DAG maintains, in the spec's order."""
+    return [sink for sink in sinks_of(spec).values() if sink.maintenance_schedule is not None]
+
+
 def spark_session_conf(spec: PipelineSpec) -> dict[str, str]:
     """The static Spark settings that the stage's session needs for the pipeline's sinks."""
     return {key: value for sink in sinks_of(spec).values() for key, value in sink.spark_session_conf.items()}
+
+
+def any_spark_session_conf() -> dict[str, str]:
+    """The static Spark settings of every sink type: a Spark Connect server that stages any pipeline needs them at
+    its start, since a Connect session cannot set them later."""
+    return {key: value for cls in SINK_TYPES.values() for key, value in cls.spark_session_conf.items()}
+
+
+def driver_env() -> dict[str, str]:
+    """The environment that a Spark driver of any pipeline needs for the sink types (resolved in the task)."""
+    return {key: value for cls in SINK_TYPES.values() for key, value in cls.driver_env().items()}

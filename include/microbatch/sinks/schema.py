@@ -31,7 +31,6 @@ from sqlalchemy.dialects import postgresql
 
 from microbatch.config import PipelineSpec, load_spec, spec_paths
 from microbatch.errors import SpecError
-from microbatch.sinks import delta
 from microbatch.sinks.base import quote, sql_type
 from microbatch.sinks.registry import sinks_of
 
@@ -210,13 +209,13 @@ def apply(connection: sa.Connection, spec: PipelineSpec) -> list[str]:
     changes = plan_changes(connection, sink_metadata(spec))
     if changes.refused:
         raise SpecError(f"{spec.name}: {changes.refused[0]}.")
-    for sink in spec.lake_sinks:  # refuse before anything is changed, here or in Postgres
-        table = delta.existing_table(delta.location(sink))
-        refused = table is not None and delta.differences(sink, table)[1]
+    sinks = sinks_of(spec).values()
+    for sink in sinks:  # refuse before anything is changed, here or in Postgres
+        refused = sink.lake_refusal()
         if refused:
             raise SpecError(f"{spec.name}: sink '{sink.name}': {refused}.")
     apply_changes(connection, changes)
-    lake = [line for sink in spec.lake_sinks for line in delta.migrate_table(sink)]
+    lake = [line for sink in sinks for line in sink.migrate_lake()]
     inspector = sa.inspect(connection)
     missing = [name for name in required_tables(spec) if not inspector.has_table(name)]
     # Not an error here: the plan refuses the pipeline's batches until someone creates them.
@@ -245,8 +244,8 @@ def check(connection: sa.Connection, spec: PipelineSpec) -> None:
     if changes.additive:
         raise SpecError(f"{spec.name}: the sink tables lack what the spec declares ({'; '.join(changes.additive)}); "
                         "run `microbatch migrate`, which adds it.")
-    for sink in spec.lake_sinks:
-        delta.check_table(spec, sink)
+    for sink in sinks_of(spec).values():
+        sink.check_lake(spec)
 
 
 def _require(connection: sa.Connection, spec: PipelineSpec) -> None:
