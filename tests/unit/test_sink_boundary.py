@@ -1,0 +1,148 @@
+"""The sink boundary (issue 42): no code outside `include/microbatch/sinks/` asks what type a sink is. It asks the
+sink's capabilities (`sinks/base.Sink`) through the registry, so a new sink type touches its module in `sinks/`
+and the spec's union only. Read from the source (ast), so it holds for code no test runs."""
+
+import ast
+import re
+from pathlib import Path
+from typing import get_args
+
+import pytest
+
+from microbatch.config import PIPELINES_DIR, SinkSpec, load_spec
+from microbatch.sinks.base import Sink
+from microbatch.sinks.registry import SINK_TYPES, sinks_of
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGE = ROOT / "include" / "microbatch"
+SINKS = PACKAGE / "sinks"
+MODULES = sorted(p for p in PACKAGE.rglob("*.py") if SINKS not in p.parents)
+
+SINK_MODELS = get_args(get_args(SinkSpec)[0])
+SINK_TAGS = {tag for model in SINK_MODELS for tag in get_args(model.model_fields["type"].annotation)}
+SINK_CLASSES = {cls.__name__ for cls in SINK_TYPES.values()} | {"Sink"}
+"""The sink classes, and the spec models of sinks (with their bases: `SinkModel`, `_RowSink`)."""
+SINK_CLASSES |= {base.__name__ for model in SINK_MODELS for base in model.__mro__
+                 if base.__module__ == model.__module__ and base.__name__ not in ("_Strict",)}
+KIND_WORDS = {word for tag in SINK_TAGS for word in tag.split("_")} | {"lake", "lakehouse", "row", "table", "topic"}
+PER_TYPE_PROPERTY = re.compile(rf"^({'|'.join(sorted(KIND_WORDS))})_sinks$")
+"""`spec.aggregate_sinks`, `spec.lake_sinks`, `spec.kafka_sinks` and the like: a list of one sink type."""
+
+
+def _fields(model: type) -> set[str]:
+    return set(model.model_fields) | {name for name in dir(model) if isinstance(getattr(model, name, None), property)}
+
+
+PARTIAL_FIELDS = set().union(*map(_fields, SINK_MODELS)) - set.intersection(*map(_fields, SINK_MODELS))
+"""Fields only some sink spec models have (`table`, `include_late`, `window`, ...): `hasattr(sink, "table")` or
+`getattr(sink, "include_late", False)` asks a sink's type as surely as `isinstance` does (flagged on a subject
+named like a sink, or a one-letter name as in `[s for s in spec.sinks if hasattr(s, "table")]`)."""
+
+
+def _string(node: ast.AST) -> str | None:
+    return node.value if isinstance(node, ast.Constant) and isinstance(node.value, str) else None
+
+
+def _strings(node: ast.AST) -> list[str]:
+    if isinstance(node, ast.Tuple | ast.List | ast.Set):
+        return [s for element in node.elts if (s := _string(element)) is not None]
+    return [s] if (s := _string(node)) is not None else []
+
+
+def _name(node: ast.AST) -> str | None:
+    if isinstance(node, ast.Name):
+        return node.id
+    return node.attr if isinstance(node, ast.Attribute) else None
+
+
+def _classes(node: ast.AST) -> list[str]:
+    elements = node.elts if isinstance(node, ast.Tuple) else [node]
+    return [n for element in elements if (n := _name(element)) in SINK_CLASSES]
+
+
+def violations(source: str) -> list[str]:
+    """Each place in `source` that asks a sink's type, as `line: what`."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        where = f"{getattr(node, 'lineno', '?')}"
+        if isinstance(node, ast.Compare):
+            sides = [node.left, *node.comparators]
+            literals = [s for side in sides for s in _strings(side)]
+            if any(_name(side) == "type" and isinstance(side, ast.Attribute) for side in sides) and literals:
+                found.append(f"{where}: compares a `.type` with {literals}")
+            elif any(isinstance(side, ast.Subscript) and _string(side.slice) == "type" for side in sides) and \
+                    set(literals) & SINK_TAGS:
+                found.append(f"{where}: compares a ['type'] with the sink type {sorted(set(literals) & SINK_TAGS)}")
+            if any(isinstance(side, ast.Call) and _name(side.func) == "type" for side in sides) and \
+                    any(_classes(side) for side in sides):
+                found.append(f"{where}: compares type(...) with a sink class")
+        elif isinstance(node, ast.Match) and _name(node.subject) == "type":
+            found.append(f"{where}: matches on a `.type`")
+        elif isinstance(node, ast.Call) and _name(node.func) in ("isinstance", "issubclass") and len(node.args) == 2:
+            if _classes(node.args[1]):
+                found.append(f"{where}: {_name(node.func)}(..., {', '.join(_classes(node.args[1]))})")
+        elif isinstance(node, ast.Call) and _name(node.func) in ("hasattr", "getattr") and len(node.args) >= 2:
+            subject = ast.unparse(node.args[0])
+            if _string(node.args[1]) in PARTIAL_FIELDS and ("sink" in subject or len(subject) == 1):
+                found.append(f"{where}: {_name(node.func)}(..., {_string(node.args[1])!r}) sniffs a sink's type")
+        elif isinstance(node, ast.Attribute) and PER_TYPE_PROPERTY.match(node.attr):
+            found.append(f"{where}: the per-type list `.{node.attr}`")
+    return found
+
+
+@pytest.mark.parametrize("path", MODULES, ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_no_code_outside_sinks_asks_a_sinks_type(path: Path):
+    assert violations(path.read_text()) == [], f"{path.relative_to(ROOT)} asks a sink's type; ask its capability"
+
+
+@pytest.mark.parametrize("code", [
+    'if spec.sinks[0].type == "delta": pass',
+    'kinds = [s for s in spec.sinks if s.type in ("postgres_aggregate", "postgres_append")]',
+    'if "kafka" != sink.spec.type: pass',
+    "if isinstance(sink, DeltaSink): pass",
+    "if isinstance(sink, (config.KafkaSink, PostgresAppendSink)): pass",
+    "if type(sink) is PostgresAggregate: pass",
+    "for sink in spec.aggregate_sinks: pass",
+    "if spec.lake_sinks or spec.kafka_sinks: pass",
+    'late = getattr(sink, "include_late", False)',
+    'tables = [s for s in spec.sinks if hasattr(s, "table")]',
+    'match sink.type:\n    case "delta": pass',
+    'deltas = [s for s in raw["sinks"] if s["type"] == "delta"]',
+])
+def test_the_check_finds_each_way_of_asking(code: str):
+    assert violations(code), code
+
+
+@pytest.mark.parametrize("code", [
+    "if sink.writes_in_stage and sink.lake_location is not None: pass",
+    'if first["type"] == "missing": pass',
+    "tcp = conn.type == socket.SOCK_STREAM",
+    "publishers = [s for s in sinks_of(spec).values() if s.publishes]",
+    "if isinstance(value, dict): pass",
+    'name = getattr(module, "spark", None)',
+    'where = getattr(settings, "path", None)',
+    'if "kafka" in (name.lower() for name in names): pass',
+])
+def test_the_check_lets_capabilities_pass(code: str):
+    assert violations(code) == [], code
+
+
+def test_every_table_a_sink_writes_is_an_asset():
+    """Append, upsert and Delta tables are assets too; an aggregate's URI is the one it always had."""
+    spec = load_spec(PIPELINES_DIR / "clicks.yaml")
+    sinks = sinks_of(spec)
+    for sink in sinks.values():
+        writes_a_table = sink.table is not None or sink.lake_location is not None or sink.publishes
+        assert bool(sink.assets(spec.name)) == writes_a_table, sink.name
+    uris = [ref.uri for sink in sinks.values() for ref in sink.assets(spec.name)]
+    assert len(uris) == len(set(uris)), "one URI per asset"
+    aggregate = next(s for s in sinks.values() if s.type == "postgres_aggregate")
+    assert [(a.name, a.uri) for a in aggregate.assets("clicks")] == [
+        (f"microbatch.clicks.{aggregate.table}", f"microbatch://clicks/{aggregate.table}")]
+
+
+def test_a_sink_type_is_its_module_and_its_class():
+    """The registry finds `sinks/<type>.py` for each tag of the spec's union; every class is a `Sink`."""
+    assert set(SINK_TYPES) == SINK_TAGS
+    for tag, cls in SINK_TYPES.items():
+        assert issubclass(cls, Sink) and cls.type == tag and cls.__module__ == f"microbatch.sinks.{tag}"
