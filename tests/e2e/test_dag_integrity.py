@@ -37,6 +37,11 @@ def test_dags_import_with_tags_and_retries(monkeypatch):
     commit = dag.get_task("commit")
     assert [(a.name, a.uri) for a in commit.outlets] == [("microbatch.ip_count.ip_counts", "microbatch://ip_count/ip_counts")]
     assert [a.uri for a in dag.get_task("publish").outlets] == ["microbatch://ip_count/ip_count_sink"]
+    clicks = bag.dags["clicks"]  # every table a sink writes is an asset: append, aggregate, upsert and Delta
+    assert [a.uri for a in clicks.get_task("commit").outlets] == [
+        "microbatch://clicks/clicks_raw", "microbatch://clicks/page_views", "microbatch://clicks/user_last_page",
+        "microbatch://clicks/clicks_lake"]
+    assert [a.uri for a in clicks.get_task("publish").outlets] == ["microbatch://clicks/clicks_out"]
     backfill = bag.dags["ip_count__backfill"]
     assert backfill.schedule is None or str(backfill.timetable.summary) in ("None", "")
     assert set(backfill.params) == {"topic", "partitions", "start", "end", "mode", "dry_run"}
