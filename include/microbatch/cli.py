@@ -251,7 +251,8 @@ def migrate() -> None:
     """Create or upgrade the ledger schema (Alembic upgrade head), then create the sink tables of every spec in
     the pipelines directory and apply additive changes (a new table, index or nullable column); a destructive
     change is refused with one sentence and nothing is changed."""
-    from microbatch.ledger.database import migrate_sinks, upgrade_ledger
+    from microbatch.ledger.database import upgrade_ledger
+    from microbatch.sinks.schema import migrate_sinks
 
     url = _ledger_url()
     console.print(f"ledger schema at revision {upgrade_ledger(url)}")
@@ -759,7 +760,7 @@ def _start_connect_server() -> None:
 def demo(count: int = 10_000) -> None:
     """The whole path on the local stack: services, data, the ip_count and clicks DAGs, the results."""
     from microbatch.dev import stack as devstack
-    from microbatch.ledger.database import migrate as run_migrate
+    from microbatch.sinks.schema import migrate as run_migrate
 
     started = time.monotonic()
     localenv.apply()
@@ -796,7 +797,7 @@ def airflow() -> None:
     """Start the local services and `airflow standalone` with this project's dags/ and plugins/."""
     from microbatch.dev import stack as devstack
     from microbatch.dev.kafka import create_topic
-    from microbatch.ledger.database import migrate as run_migrate
+    from microbatch.sinks.schema import migrate as run_migrate
 
     localenv.apply()
     env = devstack.up()
