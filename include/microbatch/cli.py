@@ -527,6 +527,7 @@ def history(pipeline: str, limit: Annotated[int, typer.Option(min=1)] = 20, as_j
     """Recent batches: kind, state, ranges, counts, each step's seconds and the Airflow run(s)."""
     from microbatch.ledger import queries
     from microbatch.ledger.database import transaction
+    from microbatch.ledger.models import BatchState
 
     with transaction(_ledger_url()) as session:
         batches = queries.batch_history(session, _pipeline_id(session, pipeline), limit)
@@ -538,7 +539,8 @@ def history(pipeline: str, limit: Annotated[int, typer.Option(min=1)] = 20, as_j
         table.add_column(column)
     for b in batches:
         seconds = " ".join(f"{k.removesuffix('_s')}={v}" for k, v in b.durations.items())
-        table.add_row(str(b.id), b.kind, b.state + (f" ({b.error})" if b.error and b.state != "committed" else ""),
+        error = f" ({b.error})" if b.error and b.state != BatchState.COMMITTED else ""
+        table.add_row(str(b.id), b.kind, b.state + error,
                       str(b.attempt), b.ranges, str(b.records if b.records is not None else "-"),
                       str(b.dead_letters or 0), str(b.late_records or 0), seconds,
                       _runs_text(b.airflow_run_id, b.committed_run_id))
