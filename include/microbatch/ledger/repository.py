@@ -52,6 +52,12 @@ def ensure_pipeline(session: Session, spec: PipelineSpec, *, lock: bool = False)
     return session.scalars(query).one()
 
 
+def pipeline_state(session: Session, pipeline_id: int) -> dict[str, Any]:
+    """The pipeline state as of its last committed batch ({} for a pipeline the ledger does not hold)."""
+    pipeline = session.get(Pipeline, pipeline_id)
+    return dict(pipeline.state or {}) if pipeline is not None else {}
+
+
 def get_pipeline(session: Session, name: str, *, lock: bool = False) -> Pipeline | None:
     query = select(Pipeline).where(Pipeline.name == name)
     if lock:
