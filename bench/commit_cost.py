@@ -139,7 +139,7 @@ def explain_scenario(postgres, work: Path, rows: int) -> dict:
     """A first commit (it creates the positions), then one steady-state commit of `rows` staged rows over 8
     partitions, explained."""
     from microbatch.config import find_spec
-    from microbatch.ledger.database import migrate
+    from microbatch.sinks.schema import migrate
 
     postgres.create_database("explain")
     url = postgres.url("explain")
@@ -153,7 +153,7 @@ def explain_scenario(postgres, work: Path, rows: int) -> dict:
 def scenario(postgres, work: Path, name: str, records: int, partitions: int, rows: int, reps: int,
              dead_share: float = 0.0) -> dict:
     from microbatch.config import find_spec
-    from microbatch.ledger.database import migrate
+    from microbatch.sinks.schema import migrate
 
     postgres.create_database(name)
     url = postgres.url(name)
@@ -208,7 +208,7 @@ def main(argv: list[str]) -> int:
                 for n in (10_000, 1_000_000, 10_000_000)]
         results.update(by_records=by_records, by_partitions=by_partitions, with_1pct_dead_letters=dead)
         if not args.skip_write:
-            from microbatch.ledger.database import migrate
+            from microbatch.sinks.schema import migrate
 
             postgres.create_database("write")
             migrate(postgres.url("write"))

@@ -51,7 +51,7 @@ class Stack:
 
     def fresh_ledger(self, name: str) -> str:
         """A new, migrated ledger database; every measured run starts from an empty ledger."""
-        from microbatch.ledger.database import migrate
+        from microbatch.sinks.schema import migrate
 
         self.postgres.create_database(name)
         url = self.postgres.url(name)

@@ -138,7 +138,7 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     from microbatch.config import find_spec
     from microbatch.dev.postgres import LocalPostgres
-    from microbatch.ledger.database import migrate
+    from microbatch.sinks.schema import migrate
 
     work = Path(tempfile.mkdtemp(prefix="mb-bench-growth-"))
     work.chmod(0o755)  # the embedded PostgreSQL may run as its own system user

@@ -117,7 +117,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--keep", help="a directory for the PostgreSQL data, kept (and reused when filled)")
     args = parser.parse_args(argv)
     from microbatch.dev.postgres import LocalPostgres
-    from microbatch.ledger.database import migrate
+    from microbatch.sinks.schema import migrate
 
     results: dict = {"machine": machine(), "args": vars(args)}
     work = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="mb-bench-ledger-page-"))

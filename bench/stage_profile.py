@@ -87,7 +87,7 @@ def main(argv: list[str]) -> int:
 
 def pairs(args: argparse.Namespace, argv: list[str]) -> int:
     """Executor CPU of b2, c and d in alternated rounds of one application; each round's own c/d ratio."""
-    from microbatch.ledger.database import migrate_sinks
+    from microbatch.sinks.schema import migrate_sinks
 
     n = args.records
     results: dict = {"machine": machine(), "args": vars(args)}

@@ -169,7 +169,7 @@ def microbatch_run(stack: Stack, name: str, records: int, per_batch: int, driver
     instead of a new Python process; those are not RSS-sampled). With `batches_per_run` > 1, each run plans up to
     that many batches (`source.max_batches_per_run`), stages them in one stage process and commits them in order.
     With `contributions` per_batch, the sink keeps one contribution per key and batch (BY_BATCH_TABLE)."""
-    from microbatch.ledger.database import migrate_sinks
+    from microbatch.sinks.schema import migrate_sinks
 
     url = stack.fresh_ledger(name)
     spec_dir = write_spec(stack.work_dir / "specs" / name, [TOPIC], per_batch, batches_per_run=batches_per_run,

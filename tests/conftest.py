@@ -69,7 +69,7 @@ def spark_connect(work_dir: Path) -> Iterator[object]:
 @pytest.fixture
 def ledger_url(postgres) -> str:
     """A fresh, migrated ledger database for one test."""
-    from microbatch.ledger.database import migrate
+    from microbatch.sinks.schema import migrate
 
     name = f"t_{uuid.uuid4().hex[:10]}"
     postgres.create_database(name)

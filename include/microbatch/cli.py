@@ -251,7 +251,8 @@ def migrate() -> None:
     """Create or upgrade the ledger schema (Alembic upgrade head), then create the sink tables of every spec in
     the pipelines directory and apply additive changes (a new table, index or nullable column); a destructive
     change is refused with one sentence and nothing is changed."""
-    from microbatch.ledger.database import migrate_sinks, upgrade_ledger
+    from microbatch.ledger.database import upgrade_ledger
+    from microbatch.sinks.schema import migrate_sinks
 
     url = _ledger_url()
     console.print(f"ledger schema at revision {upgrade_ledger(url)}")
@@ -527,6 +528,7 @@ def history(pipeline: str, limit: Annotated[int, typer.Option(min=1)] = 20, as_j
     """Recent batches: kind, state, ranges, counts, each step's seconds and the Airflow run(s)."""
     from microbatch.ledger import queries
     from microbatch.ledger.database import transaction
+    from microbatch.ledger.models import BatchState
 
     with transaction(_ledger_url()) as session:
         batches = queries.batch_history(session, _pipeline_id(session, pipeline), limit)
@@ -538,7 +540,8 @@ def history(pipeline: str, limit: Annotated[int, typer.Option(min=1)] = 20, as_j
         table.add_column(column)
     for b in batches:
         seconds = " ".join(f"{k.removesuffix('_s')}={v}" for k, v in b.durations.items())
-        table.add_row(str(b.id), b.kind, b.state + (f" ({b.error})" if b.error and b.state != "committed" else ""),
+        error = f" ({b.error})" if b.error and b.state != BatchState.COMMITTED else ""
+        table.add_row(str(b.id), b.kind, b.state + error,
                       str(b.attempt), b.ranges, str(b.records if b.records is not None else "-"),
                       str(b.dead_letters or 0), str(b.late_records or 0), seconds,
                       _runs_text(b.airflow_run_id, b.committed_run_id))
@@ -760,7 +763,7 @@ def _start_connect_server() -> None:
 def demo(count: int = 10_000) -> None:
     """The whole path on the local stack: services, data, the ip_count and clicks DAGs, the results."""
     from microbatch.dev import stack as devstack
-    from microbatch.ledger.database import migrate as run_migrate
+    from microbatch.sinks.schema import migrate as run_migrate
 
     started = time.monotonic()
     localenv.apply()
@@ -797,7 +800,7 @@ def airflow() -> None:
     """Start the local services and `airflow standalone` with this project's dags/ and plugins/."""
     from microbatch.dev import stack as devstack
     from microbatch.dev.kafka import create_topic
-    from microbatch.ledger.database import migrate as run_migrate
+    from microbatch.sinks.schema import migrate as run_migrate
 
     localenv.apply()
     env = devstack.up()

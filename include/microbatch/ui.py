@@ -29,7 +29,7 @@ from microbatch.errors import MicrobatchError
 from microbatch.kafka.security import security_scope
 from microbatch.ledger import queries
 from microbatch.ledger.database import transaction, unreachable
-from microbatch.ledger.models import BACKFILL_KINDS
+from microbatch.ledger.models import BACKFILL_KINDS, BatchState
 from microbatch.settings import KafkaSettings
 from microbatch.types import TopicPartition
 
@@ -194,7 +194,7 @@ def _batch_rows(view: PipelineView, batches: list[queries.BatchSummary], airflow
         run = (f'<a target="_top" href="{escape(airflow_root + link)}">{escape(b.airflow_run_id or "")}</a>'
                if link else '<span class="muted">-</span>')
         seconds = " ".join(f"{k.removesuffix('_s')}={v}" for k, v in b.durations.items())
-        error = f'<div class="muted">{escape(b.error)}</div>' if b.error and b.state != "committed" else ""
+        error = f'<div class="muted">{escape(b.error)}</div>' if b.error and b.state != BatchState.COMMITTED else ""
         committed = f"{b.committed_at.astimezone(UTC):%Y-%m-%d %H:%M:%S} UTC" if b.committed_at else "-"
         rows.append(
             f'<tr data-batch="{b.id}">{_cell(b.id)}<td>{escape(b.kind)}</td>'

@@ -71,7 +71,8 @@ from microbatch.dev.datagen import (
 from microbatch.dev.kafka import KafkaBroker, KafkaCluster, create_topic
 from microbatch.dev.postgres import LocalPostgres
 from microbatch.failpoints import ARMED_FILE, FAILPOINT_DIR_ENV
-from microbatch.ledger.database import get_engine, migrate, transaction
+from microbatch.ledger.database import get_engine, transaction
+from microbatch.sinks.schema import migrate
 from tests.e2e.helpers import (
     clicks_raw_table,
     committed_batches,

@@ -41,7 +41,8 @@ from microbatch.dev import localenv
 from microbatch.dev.datagen import LogLine, generate_lines, produce_lines
 from microbatch.dev.kafka import KafkaBroker, create_topic
 from microbatch.dev.postgres import LocalPostgres
-from microbatch.ledger.database import migrate, transaction
+from microbatch.ledger.database import transaction
+from microbatch.sinks.schema import migrate
 from tests.chaos.harness import _matching, _retrying
 from tests.e2e.helpers import ROOT, committed_batches, read_output, recount, sink_counts, verify_ledger
 

@@ -18,10 +18,11 @@ from sqlalchemy import select, text
 
 from microbatch.config import PIPELINES_DIR, PipelineSpec
 from microbatch.ledger import queries
-from microbatch.ledger.database import get_engine, migrate, transaction
+from microbatch.ledger.database import get_engine, transaction
 from microbatch.ledger.models import DeadLetter
 from microbatch.phases.commit import commit_batch
 from microbatch.phases.plan import plan_next_batch
+from microbatch.sinks.schema import migrate
 
 pytestmark = pytest.mark.integration
 

@@ -16,9 +16,9 @@ from typer.testing import CliRunner
 
 from microbatch.config import PipelineSpec, find_spec
 from microbatch.errors import SpecError
-from microbatch.ledger.database import get_engine, migrate, migrate_sinks
+from microbatch.ledger.database import get_engine
 from microbatch.phases.plan import plan_next_batch
-from microbatch.sinks.schema import apply, apply_changes, check, plan_changes, sink_metadata
+from microbatch.sinks.schema import apply, apply_changes, check, migrate, migrate_sinks, plan_changes, sink_metadata
 
 pytestmark = pytest.mark.integration
 IP_COUNT = find_spec("ip_count")

@@ -27,7 +27,6 @@ from sqlalchemy import make_url
 from microbatch.config import PipelineSpec
 from microbatch.ledger import repository as repo
 from microbatch.ledger.database import transaction
-from microbatch.ledger.models import Pipeline
 from microbatch.phases.results import CommitResult
 from microbatch.types import OffsetRange
 
@@ -149,7 +148,7 @@ def emit_committed(spec: PipelineSpec, result: CommitResult, ledger_url: str,
             row = repo.get_batch(session, result.batch_id)
             batch = {"id": row.id, "kind": row.kind, "attempt": row.attempt, "airflow_run_id": row.airflow_run_id,
                      "committed_run_id": row.committed_run_id, "counts": row.counts,
-                     "uid": session.get(Pipeline, row.pipeline_id).uid}
+                     "uid": repo.pipeline_uid(session, row.pipeline_id)}
         kafka_namespace = "kafka://" + bootstrap_servers().split(",", maxsplit=1)[0].strip()
         outputs = outputs_of(spec, result, ledger_url, kafka_namespace,
                              dict((batch["counts"] or {}).get("rows_by_sink") or {}))

@@ -19,7 +19,7 @@ from microbatch.settings import LEDGER_CONN_ID, LEDGER_URL_ENV
 
 log = logging.getLogger(__name__)
 MIGRATIONS = Path(__file__).resolve().parent / "migrations"
-MIGRATE_LOCK_NAMESPACE = 0x6D6D  # 'mm': the advisory lock of `migrate_sinks`
+MIGRATE_LOCK_NAMESPACE = 0x6D6D  # 'mm': the advisory lock of `sinks.schema.migrate_sinks`
 
 
 def safe_url(url: str) -> str:
@@ -77,26 +77,6 @@ def upgrade_ledger(url: str, revision: str = "head") -> str:
     with get_engine(url).connect() as conn:
         current = MigrationContext.configure(conn).get_current_revision() or "base"
     log.info("ledger schema at revision %s (%s)", current, safe_url(url))
-    return current
-
-
-def migrate_sinks(url: str, directory: Path | None = None) -> dict[str, list[str]]:
-    """Create or extend the sink tables of every spec in the pipelines directory (sinks/schema.py), in one
-    transaction; what was done per pipeline. A refused change raises `SpecError` and nothing is changed."""
-    from microbatch.sinks.schema import migrate_pipelines  # the sinks' tables come from the specs, not Alembic
-
-    with get_engine(url).begin() as conn:
-        # Two migrates at once would both find a table missing and both create it; the second waits instead.
-        conn.execute(text("SELECT pg_advisory_xact_lock(:ns, 0)"), {"ns": MIGRATE_LOCK_NAMESPACE})
-        return migrate_pipelines(conn, directory)
-
-
-def migrate(url: str, revision: str = "head") -> str:
-    """Upgrade the ledger schema with Alembic, then (at head) create or extend the sink tables of every spec in
-    the pipelines directory; return the ledger revision."""
-    current = upgrade_ledger(url, revision)
-    if revision == "head":
-        migrate_sinks(url)
     return current
 
 

@@ -9,12 +9,16 @@ from typing import Any
 from sqlalchemy import (
     BigInteger,
     Boolean,
+    CheckConstraint,
+    Column,
     DateTime,
     ForeignKey,
     Index,
     Integer,
     LargeBinary,
     MetaData,
+    PrimaryKeyConstraint,
+    Table,
     Text,
     UniqueConstraint,
     func,
@@ -210,3 +214,90 @@ class LakeCommit(Base):
     table_version: Mapped[int] = mapped_column(BigInteger)
     rows: Mapped[int] = mapped_column(BigInteger)
     written_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+
+
+class LateRecord(Base):
+    """A record for an event-time window that was already final when its batch began (Flink's late side output),
+    kept with the watermark that made it late. The stage writes them to `stage_late_records`, the commit moves
+    them here (migration 0002)."""
+
+    __tablename__ = "late_records"
+    __table_args__ = (UniqueConstraint("pipeline_id", "topic", "partition", "offset", name="uq_late_records_source"),)
+
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    pipeline_id: Mapped[int] = mapped_column(ForeignKey("pipelines.id"))
+    batch_id: Mapped[int] = mapped_column(ForeignKey("batches.id"))
+    topic: Mapped[str] = mapped_column(Text)
+    partition: Mapped[int] = mapped_column(Integer)
+    offset: Mapped[int] = mapped_column(BigInteger)
+    event_time: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    raw: Mapped[bytes | None] = mapped_column(LargeBinary)
+    watermark: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+
+
+class OutboxRow(Base):
+    """One record to publish to a kafka sink's topic, written by the commit; `seq` is gap-free per (pipeline,
+    sink) and travels in a header (migration 0002)."""
+
+    __tablename__ = "outbox"
+    __table_args__ = (PrimaryKeyConstraint("pipeline_id", "sink", "seq", name="pk_outbox"),
+                      CheckConstraint("seq > 0", name="seq_positive"))
+
+    pipeline_id: Mapped[int] = mapped_column(ForeignKey("pipelines.id"))
+    sink: Mapped[str] = mapped_column(Text)
+    seq: Mapped[int] = mapped_column(BigInteger)
+    batch_id: Mapped[int] = mapped_column(ForeignKey("batches.id"))
+    key: Mapped[str | None] = mapped_column(Text)
+    value: Mapped[dict[str, Any]] = mapped_column()
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+
+
+class PublishProgress(Base):
+    """What the publisher of a sink last committed to Kafka. Informational: the topic's committed tail is the
+    truth (migration 0002)."""
+
+    __tablename__ = "publish_progress"
+    __table_args__ = (PrimaryKeyConstraint("pipeline_id", "sink", name="pk_publish_progress"),)
+
+    pipeline_id: Mapped[int] = mapped_column(ForeignKey("pipelines.id"))
+    sink: Mapped[str] = mapped_column(Text)
+    last_seq: Mapped[int] = mapped_column(BigInteger)
+    transactions: Mapped[int] = mapped_column(BigInteger, server_default="0")
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+
+
+class PositionReset(Base):
+    """The audit row of an operator's `microbatch reset` of one position (migration 0004)."""
+
+    __tablename__ = "position_resets"
+
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    pipeline_id: Mapped[int] = mapped_column(ForeignKey("pipelines.id"))
+    topic: Mapped[str] = mapped_column(Text)
+    partition: Mapped[int] = mapped_column(Integer)
+    old_offset: Mapped[int | None] = mapped_column(BigInteger)
+    new_offset: Mapped[int] = mapped_column(BigInteger)
+    target: Mapped[str] = mapped_column(Text)
+    operator: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+
+
+def _bad_record_staging(name: str, *columns: Column[Any]) -> Table:
+    """A staging table of the ledger's own: what the stage found bad, tagged (batch_id, attempt), no key."""
+    return Table(
+        name, Base.metadata,
+        Column("batch_id", BigInteger, nullable=False), Column("attempt", Integer, nullable=False),
+        Column("topic", Text, nullable=False), Column("partition", Integer, nullable=False),
+        Column("offset", BigInteger, nullable=False), *columns,
+        Index(f"ix_{name}_batch", "batch_id", "attempt"),
+    )
+
+
+STAGE_DEAD_LETTERS = _bad_record_staging(
+    "stage_dead_letters", Column("raw", LargeBinary), Column("error", Text, nullable=False),
+    Column("key", LargeBinary), Column("timestamp", DateTime(timezone=True)))
+"""The stage's dead letters of an attempt (migration 0001); the commit moves them to `dead_letters`."""
+STAGE_LATE_RECORDS = _bad_record_staging(
+    "stage_late_records", Column("event_time", DateTime(timezone=True)), Column("raw", LargeBinary))
+"""The stage's late records of an attempt (migration 0002); the commit moves them to `late_records`."""

@@ -13,6 +13,7 @@ from typing import Any
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
+from microbatch.ledger.models import BatchState
 from microbatch.types import TopicPartition
 
 
@@ -195,7 +196,7 @@ def recorded_gaps(session: Session, pipeline: int, limit: int = 50) -> list[GapS
 
 def find_offset(session: Session, pipeline: int, topic: str, partition: int, offset: int) -> OffsetOwner:
     """The committed batch (and its Airflow run) that processed an offset, or the gap that lost it."""
-    params = {"p": pipeline, "t": topic, "n": partition, "o": offset}
+    params = {"p": pipeline, "t": topic, "n": partition, "o": offset, "committed": BatchState.COMMITTED.value}
     row = session.execute(
         text(
             "SELECT b.id, b.airflow_run_id, r.start_offset, r.end_offset FROM ranges r "
@@ -210,7 +211,7 @@ def find_offset(session: Session, pipeline: int, topic: str, partition: int, off
         text(
             "SELECT g.batch_id, g.start_offset, g.end_offset, g.reason FROM gaps g "
             "LEFT JOIN batches b ON b.id = g.batch_id WHERE g.pipeline_id = :p AND g.topic = :t "
-            "AND g.partition = :n AND (b.state = 'committed' OR g.batch_id IS NULL) "
+            "AND g.partition = :n AND (b.state = :committed OR g.batch_id IS NULL) "
             "AND int8range(g.start_offset, g.end_offset) @> CAST(:o AS bigint)"
         ),
         params,
@@ -306,7 +307,7 @@ def chart_data(session: Session, pipeline: int, range_key: str, now: datetime | 
     bucket = bucket_seconds(range_key)
     now = now or session.execute(text("SELECT now()")).scalar_one()
     since = now - timedelta(seconds=CHART_RANGES[range_key])
-    params = {"p": pipeline, "since": since, "bucket": bucket}
+    params = {"p": pipeline, "since": since, "bucket": bucket, "committed": BatchState.COMMITTED.value}
     binned = "date_bin(make_interval(secs => :bucket), {column}, CAST(:since AS timestamptz))"
     # Lag is sampled, as Prometheus samples a gauge: each bucket shows what the LAST plan in it saw (every
     # snapshot of one plan shares its transaction's planned_at). That costs one index probe per bucket and
@@ -329,7 +330,7 @@ def chart_data(session: Session, pipeline: int, range_key: str, now: datetime | 
         "sum(coalesce((counts->>'late_records')::bigint, 0)), "
         "sum(coalesce((counts->>'records')::bigint, 0)) / nullif(sum(coalesce((timings->>'read_s')::float8, 0) "
         f"+ coalesce((timings->>'stage_write_s')::float8, 0)), 0), {steps} "
-        "FROM batches WHERE pipeline_id = :p AND state = 'committed' AND committed_at >= :since "
+        "FROM batches WHERE pipeline_id = :p AND state = :committed AND committed_at >= :since "
         "GROUP BY 1 ORDER BY 1"), params).all()
     return ChartData(
         range_key=range_key, since=since, until=now, bucket_s=bucket,
@@ -359,21 +360,21 @@ _METRIC_QUERIES = {
                     "CAST(rtrim(split_part(e.key, '[', 2), ']') AS int), sum(CAST(e.value AS bigint)) "
                     "FROM batches b JOIN pipelines p ON p.id = b.pipeline_id "
                     "CROSS JOIN LATERAL jsonb_each_text(coalesce(b.counts->'records_by_partition', '{}')) e "
-                    "WHERE b.state = 'committed' GROUP BY 1, 2, 3, 4",
+                    "WHERE b.state = :committed GROUP BY 1, 2, 3, 4",
     "rows_staged": "SELECT p.name, b.kind, e.key, sum(CAST(e.value AS bigint)) "
                    "FROM batches b JOIN pipelines p ON p.id = b.pipeline_id "
                    "CROSS JOIN LATERAL jsonb_each_text(coalesce(b.counts->'rows_by_sink', '{}')) e "
-                   "WHERE b.state = 'committed' GROUP BY 1, 2, 3",
+                   "WHERE b.state = :committed GROUP BY 1, 2, 3",
     "bad_records": "SELECT p.name, b.kind, sum(coalesce(CAST(b.counts->>'dead_letters' AS bigint), 0)), "
                    "sum(coalesce(CAST(b.counts->>'late_records' AS bigint), 0)) "
-                   "FROM batches b JOIN pipelines p ON p.id = b.pipeline_id WHERE b.state = 'committed' "
+                   "FROM batches b JOIN pipelines p ON p.id = b.pipeline_id WHERE b.state = :committed "
                    "GROUP BY 1, 2",
     "batches": "SELECT p.name, b.kind, b.state, count(*) FROM batches b JOIN pipelines p ON p.id = b.pipeline_id "
                "GROUP BY 1, 2, 3",
     "step_seconds": "SELECT p.name, b.kind, e.key, sum(CAST(e.value AS float8)) "
                     "FROM batches b JOIN pipelines p ON p.id = b.pipeline_id "
                     "CROSS JOIN LATERAL jsonb_each_text(b.timings) e "
-                    "WHERE b.state = 'committed' AND right(e.key, 2) = '_s' AND e.key <> 'stage_total_s' "
+                    "WHERE b.state = :committed AND right(e.key, 2) = '_s' AND e.key <> 'stage_total_s' "
                     "GROUP BY 1, 2, 3",
     # The lag each partition had at its latest plan, before that batch read.
     "lag": "SELECT DISTINCT ON (s.pipeline_id, s.topic, s.partition) p.name, s.topic, s.partition, s.lag "
@@ -391,7 +392,7 @@ def metric_rows(session: Session) -> list[MetricRow]:
     rows: list[MetricRow] = []
 
     def run(name: str) -> list[Any]:
-        return list(session.execute(text(_METRIC_QUERIES[name])).all())
+        return list(session.execute(text(_METRIC_QUERIES[name]), {"committed": BatchState.COMMITTED.value}).all())
 
     for pipeline, kind, topic, partition, value in run("records_read"):
         rows.append(MetricRow("records_read", value, {"pipeline": pipeline, "batch_kind": kind, "topic": topic,

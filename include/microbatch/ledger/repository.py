@@ -7,24 +7,33 @@ reset moves one on the record (`reset_position`)."""
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
-from sqlalchemy import select, text, update
+from sqlalchemy import func, select, text, update
 from sqlalchemy.dialects.postgresql import insert
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from microbatch.config import PipelineSpec
 from microbatch.errors import ConcurrentCommitError, MicrobatchError, ZombieAttemptError
+from microbatch.ledger.fragments import staged_rows, superseded_ranges
 from microbatch.ledger.models import (
     OPEN_STATES,
+    STAGE_DEAD_LETTERS,
+    STAGE_LATE_RECORDS,
     Batch,
     BatchKind,
     BatchState,
+    DeadLetter,
     LagSnapshot,
     LakeCommit,
+    LateRecord,
     LedgerGap,
+    OutboxRow,
     Pipeline,
     Position,
+    PublishProgress,
     Range,
 )
 from microbatch.types import CommittedRange, Gap, OffsetRange, Plan, TopicPartition
@@ -41,6 +50,12 @@ def ensure_pipeline(session: Session, spec: PipelineSpec, *, lock: bool = False)
     if lock:
         query = query.with_for_update()
     return session.scalars(query).one()
+
+
+def pipeline_state(session: Session, pipeline_id: int) -> dict[str, Any]:
+    """The pipeline state as of its last committed batch ({} for a pipeline the ledger does not hold)."""
+    pipeline = session.get(Pipeline, pipeline_id)
+    return dict(pipeline.state or {}) if pipeline is not None else {}
 
 
 def get_pipeline(session: Session, name: str, *, lock: bool = False) -> Pipeline | None:
@@ -322,10 +337,9 @@ def open_ranges(session: Session, pipeline_id: int) -> list[tuple[int, str, Offs
 
 def open_batch_ids(session: Session, pipeline_id: int) -> list[int]:
     """Ids of the pipeline's planned or staged batches, of any kind, oldest first."""
-    return list(session.execute(
-        text("SELECT id FROM batches WHERE pipeline_id = :p AND state IN ('planned', 'staged') ORDER BY id"),
-        {"p": pipeline_id},
-    ).scalars())
+    return list(session.scalars(
+        select(Batch.id).where(Batch.pipeline_id == pipeline_id, Batch.state.in_(OPEN_STATES)).order_by(Batch.id)
+    ))
 
 
 def committed_beyond(session: Session, pipeline_id: int, tp: TopicPartition, offset: int) -> bool:
@@ -458,3 +472,205 @@ def abandon_followers(session: Session, pipeline_id: int, batch_id: int, reason:
 def pipeline_uid(session: Session, pipeline_id: int) -> str:
     """The ledger's identity of a pipeline, which its lakehouse commits carry."""
     return session.execute(select(Pipeline.uid).where(Pipeline.id == pipeline_id)).scalar_one()
+
+
+# --- the commit: ranges, bad records, the batch's end ----------------------------------------------------
+
+
+def lock_ranges(session: Session, range_ids: list[int]) -> list[Range]:
+    """The ranges with these ids, locked FOR UPDATE, by id (what a replay batch is about to supersede)."""
+    return list(session.scalars(select(Range).where(Range.id.in_(range_ids)).order_by(Range.id).with_for_update()))
+
+
+def supersede_ranges(session: Session, replay_batch_id: int, range_ids: list[int]) -> None:
+    """Mark committed ranges superseded by a replay batch (kept for the audit), and delete the dead letters and
+    late records they had committed: the replay's own take their place."""
+    session.execute(
+        update(Range).where(Range.id.in_(range_ids)).values(committed=False, superseded_by=replay_batch_id)
+    )
+    for table in (DeadLetter.__tablename__, LateRecord.__tablename__):
+        session.execute(
+            text(f"DELETE FROM {table} d USING {superseded_ranges('g')} AND d.batch_id = g.batch_id "
+                 "AND d.topic = g.topic AND d.partition = g.partition"),
+            {"batch_id": replay_batch_id},
+        )
+
+
+def partly_superseded_batch(session: Session, replay_batch_id: int) -> int | None:
+    """A batch of which the replay batch supersedes some ranges but not all, if any (a per-batch retraction would
+    take back more than the replay recomputes)."""
+    return session.execute(text(
+        f"SELECT o.batch_id FROM {Range.__tablename__} o WHERE o.batch_id IN "
+        f"(SELECT batch_id FROM {superseded_ranges()}) "
+        "AND o.superseded_by IS DISTINCT FROM :batch_id LIMIT 1"), {"batch_id": replay_batch_id}).scalar()
+
+
+def commit_ranges(session: Session, batch_id: int) -> None:
+    """Mark the batch's ranges committed; the exclusion constraint refuses any overlap with committed ones
+    (ConcurrentCommitError, the caller's transaction intact)."""
+    try:
+        with session.begin_nested():
+            session.execute(update(Range).where(Range.batch_id == batch_id).values(committed=True))
+    except IntegrityError:
+        raise ConcurrentCommitError(
+            f"Batch {batch_id} overlaps offsets that another batch already committed; the database refused it.",
+            fix="Nothing was written. Inspect the batch with `microbatch history`.",
+        ) from None
+
+
+def move_staged_bad_records(session: Session, pipeline_id: int, batch_id: int, attempt: int,
+                            watermark: datetime | None) -> tuple[int, int]:
+    """Move the attempt's staged dead letters and late records into their tables (a late record keeps
+    `watermark`, the one that made it late); (dead letters, late records) moved."""
+    params = {"batch_id": batch_id, "attempt": attempt, "pipeline_id": pipeline_id}
+    dead = session.execute(
+        text(
+            f'INSERT INTO {DeadLetter.__tablename__} (pipeline_id, batch_id, topic, partition, "offset", raw, error, '
+            '"key", "timestamp") SELECT :pipeline_id, batch_id, topic, partition, "offset", raw, error, "key", '
+            f'"timestamp" FROM {staged_rows(STAGE_DEAD_LETTERS.name)}'
+        ),
+        params,
+    ).rowcount
+    late = session.execute(
+        text(
+            f'INSERT INTO {LateRecord.__tablename__} (pipeline_id, batch_id, topic, partition, "offset", event_time, '
+            'raw, watermark) SELECT :pipeline_id, batch_id, topic, partition, "offset", event_time, raw, :watermark '
+            f"FROM {staged_rows(STAGE_LATE_RECORDS.name)}"
+        ),
+        {**params, "watermark": watermark},
+    ).rowcount
+    return dead, late
+
+
+def clear_staged_bad_records(session: Session, batch_id: int) -> None:
+    """Delete the batch's staged dead letters and late records, of every attempt."""
+    for table in (STAGE_DEAD_LETTERS, STAGE_LATE_RECORDS):
+        session.execute(table.delete().where(table.c.batch_id == batch_id))
+
+
+def mark_committed(session: Session, batch: Batch, pipeline: Pipeline, run_id: str | None, *,
+                   advance_state: bool) -> None:
+    """Mark the batch committed by the Airflow run `run_id` (its contributions kept), and with `advance_state`
+    make its state after the pipeline's state (a backfill leaves the pipeline's state alone)."""
+    if advance_state:
+        pipeline.state = dict(batch.state_after or {})
+    batch.state = BatchState.COMMITTED.value
+    batch.counts = {**batch.counts, "contributions": True}
+    batch.committed_at = session.execute(text("SELECT now()")).scalar_one()
+    batch.committed_run_id = run_id
+
+
+# --- the outbox and its publisher -------------------------------------------------------------------------
+
+OUTBOX_CORRECTION = " || jsonb_build_object('correction', true)"
+
+
+def outbox_insert_sql(relation: str, order: str, key: str, *, correction: bool = False, ctes: str = "") -> str:
+    """One outbox row per row of the relation `final` (`relation`, or `ctes` defines it), keyed by its column
+    `key` (an SQL name), its value the row as JSON, numbered in `order` after the sink's last sequence. Binds
+    :pipeline_id, :sink and :batch_id."""
+    return (
+        f"{ctes}INSERT INTO {OutboxRow.__tablename__} (pipeline_id, sink, seq, batch_id, key, value) "
+        f"SELECT :pipeline_id, :sink, base.seq + row_number() OVER (ORDER BY {order}), :batch_id, "
+        f"final.{key}::text, to_jsonb(final){OUTBOX_CORRECTION if correction else ''} "
+        f"FROM {relation}, "
+        f"(SELECT coalesce(max(seq), 0) AS seq FROM {OutboxRow.__tablename__} WHERE pipeline_id = :pipeline_id "
+        "AND sink = :sink) AS base "
+        "RETURNING seq"
+    )
+
+
+def append_outbox(session: Session, pipeline_id: int, sink: str, batch_id: int, statement: str,
+                  params: dict[str, Any]) -> tuple[int, int] | None:
+    """Run an `outbox_insert_sql` statement for the batch; (first, last) sequence written, None if none. The
+    commit holds the pipeline row's lock, so the numbering cannot race."""
+    seqs = session.execute(
+        text(statement), {"pipeline_id": pipeline_id, "sink": sink, "batch_id": batch_id, **params}
+    ).scalars().all()
+    return (min(seqs), max(seqs)) if seqs else None
+
+
+def pending_outbox(session: Session, pipeline_id: int, sink: str, after: int,
+                   limit: int) -> list[tuple[int, str | None, dict[str, Any]]]:
+    """Up to `limit` outbox rows (seq, key, value) of the sink after sequence `after`, in order."""
+    rows = session.execute(
+        select(OutboxRow.seq, OutboxRow.key, OutboxRow.value)
+        .where(OutboxRow.pipeline_id == pipeline_id, OutboxRow.sink == sink, OutboxRow.seq > after)
+        .order_by(OutboxRow.seq).limit(limit)
+    ).all()
+    return [(seq, key, value) for seq, key, value in rows]
+
+
+def record_publish_progress(session: Session, pipeline_id: int, sink: str, last_seq: int) -> None:
+    """Count one more published transaction of the sink, up to `last_seq` (progress never moves back)."""
+    session.execute(
+        text("INSERT INTO publish_progress (pipeline_id, sink, last_seq, transactions) VALUES (:p, :s, :q, 1) "
+             "ON CONFLICT (pipeline_id, sink) DO UPDATE SET last_seq = greatest(publish_progress.last_seq, "
+             "EXCLUDED.last_seq), transactions = publish_progress.transactions + 1, updated_at = now()"),
+        {"p": pipeline_id, "s": sink, "q": last_seq},
+    )
+
+
+def publish_bounds(session: Session, pipeline_id: int, sink: str) -> tuple[int, int]:
+    """(recorded progress, highest outbox sequence) of one sink; 0 for none."""
+    progress = session.scalars(select(PublishProgress.last_seq).where(
+        PublishProgress.pipeline_id == pipeline_id, PublishProgress.sink == sink)).one_or_none()
+    highest = session.scalars(select(func.coalesce(func.max(OutboxRow.seq), 0)).where(
+        OutboxRow.pipeline_id == pipeline_id, OutboxRow.sink == sink)).one()
+    return progress or 0, highest
+
+
+def add_publish_seconds(session: Session, pipeline_id: int, sink: str, after: int, last: int,
+                        seconds: float) -> None:
+    """Add `seconds` to `timings.publish_s` of each batch whose outbox rows of the sink lie in (after, last]."""
+    session.execute(
+        text("UPDATE batches SET timings = timings || jsonb_build_object('publish_s', "
+             "round(CAST(coalesce((timings->>'publish_s')::float8, 0) + :s AS numeric), 3)) "
+             "WHERE id IN (SELECT DISTINCT batch_id FROM outbox WHERE pipeline_id = :p AND sink = :k "
+             "AND seq > :a AND seq <= :z)"),
+        {"s": seconds, "p": pipeline_id, "k": sink, "a": after, "z": last},
+    )
+
+
+# --- lakehouse tables: which version holds a batch (`lake_commits`) -------------------------------------
+
+
+def record_lake_commit(session: Session, pipeline_id: int, sink: str, batch_id: int, attempt: int, location: str,
+                       version: int, rows: int) -> int:
+    """Keep which version of a lakehouse table holds the batch (a retry records nothing new); the version the
+    ledger holds for it now, which a caller compares with the one it found."""
+    session.execute(
+        insert(LakeCommit)
+        .values(batch_id=batch_id, sink=sink, pipeline_id=pipeline_id, attempt=attempt, location=location,
+                table_version=version, rows=rows)
+        .on_conflict_do_nothing(index_elements=[LakeCommit.batch_id, LakeCommit.sink])
+    )
+    return session.scalars(select(LakeCommit.table_version).where(
+        LakeCommit.batch_id == batch_id, LakeCommit.sink == sink)).one()
+
+
+def lake_commit(session: Session, batch_id: int, sink: str) -> LakeCommit | None:
+    """The recorded version of the sink's table that holds the batch, if any."""
+    return session.scalars(
+        select(LakeCommit).where(LakeCommit.batch_id == batch_id, LakeCommit.sink == sink)
+    ).one_or_none()
+
+
+def lake_versions(session: Session, pipeline_id: int, sink: str) -> dict[int, int]:
+    """Every batch of the pipeline recorded in the sink's table: {batch id: table version}."""
+    rows = session.execute(select(LakeCommit.batch_id, LakeCommit.table_version).where(
+        LakeCommit.pipeline_id == pipeline_id, LakeCommit.sink == sink))
+    return {batch_id: version for batch_id, version in rows}
+
+
+def lake_versions_of_batch(session: Session, pipeline_id: int, batch_id: int) -> dict[str, tuple[str, int]]:
+    """The table version per lakehouse sink that holds a batch: {sink: (location, version)}."""
+    rows = session.execute(select(LakeCommit.sink, LakeCommit.location, LakeCommit.table_version).where(
+        LakeCommit.pipeline_id == pipeline_id, LakeCommit.batch_id == batch_id))
+    return {sink: (location, version) for sink, location, version in rows}
+
+
+def batch_states(session: Session, pipeline_id: int) -> dict[int, BatchState]:
+    """The state of every batch of the pipeline, by id."""
+    rows = session.execute(select(Batch.id, Batch.state).where(Batch.pipeline_id == pipeline_id))
+    return {batch_id: BatchState(state) for batch_id, state in rows}

@@ -18,17 +18,16 @@ from __future__ import annotations
 import logging
 import time
 
-from sqlalchemy import select, text
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy import text
 from sqlalchemy.orm import Session
 
 from microbatch import failpoints
 from microbatch.config import PipelineSpec
 from microbatch.errors import ConcurrentCommitError, MicrobatchError, ZombieAttemptError
 from microbatch.ledger import repository as repo
-from microbatch.ledger.models import BACKFILL_KINDS, Batch, BatchKind, BatchState, Pipeline, Range
+from microbatch.ledger.models import BACKFILL_KINDS, Batch, BatchKind, BatchState, Pipeline
 from microbatch.phases.results import CommitResult, PositionMove
-from microbatch.sinks.base import CommitContext, quote, watermark_timestamp
+from microbatch.sinks.base import CommitContext, watermark_timestamp
 from microbatch.sinks.registry import sinks_of
 from microbatch.types import Gap, OffsetRange, TopicPartition
 
@@ -43,7 +42,7 @@ def _supersede(session: Session, batch: Batch, ranges: list[OffsetRange]) -> lis
     """Mark the committed ranges a replay batch replaces as superseded by it, after checking that
     they are still the committed ones (another replay may have replaced them since the plan)."""
     ids = list(batch.replaces or [])
-    rows = session.scalars(select(Range).where(Range.id.in_(ids)).order_by(Range.id).with_for_update()).all()
+    rows = repo.lock_ranges(session, ids)
     stale = [r for r in rows if not r.committed or r.superseded_by is not None]
     if stale or len(rows) != len(ids):
         by = stale[0].superseded_by if stale else None
@@ -56,16 +55,7 @@ def _supersede(session: Session, batch: Batch, ranges: list[OffsetRange]) -> lis
     if extent != sorted((r.topic, r.partition, r.start, r.end) for r in ranges):
         raise MicrobatchError(f"Replay batch {batch.id} reads other offsets than the ranges it replaces.",
                               fix="Nothing was written. Plan the replay again.")
-    session.execute(
-        text("UPDATE ranges SET committed = false, superseded_by = :b WHERE id = ANY(:ids)"),
-        {"b": batch.id, "ids": ids},
-    )
-    for table in ("dead_letters", "late_records"):
-        session.execute(
-            text(f"DELETE FROM {table} d USING ranges g WHERE g.superseded_by = :b AND d.batch_id = g.batch_id "
-                 "AND d.topic = g.topic AND d.partition = g.partition"),
-            {"b": batch.id},
-        )
+    repo.supersede_ranges(session, batch.id, ids)
     return [(r.batch_id, f"{r.topic}[{r.partition}] [{r.start_offset}, {r.end_offset})") for r in rows]
 
 
@@ -116,7 +106,7 @@ def commit_batch(session: Session, spec: PipelineSpec, batch_id: int, run_id: st
     gaps = repo.batch_gaps(session, batch_id)
     if not ctx.backfill:  # a backfill never moves the scheduled cursor
         result.moves = _advance_positions(session, ctx, ranges, gaps)
-    _mark_committed(session, batch_id)
+    repo.commit_ranges(session, batch_id)
     _merge_sinks(session, ctx, batch, result)
     _move_bad_records(session, ctx, batch, result)
     _write_outbox(session, ctx, result)
@@ -190,18 +180,6 @@ def _advance_positions(
     return moves
 
 
-def _mark_committed(session: Session, batch_id: int) -> None:
-    """Mark the batch's ranges committed; the exclusion constraint refuses any overlap with committed ones."""
-    try:
-        with session.begin_nested():
-            session.execute(text("UPDATE ranges SET committed = true WHERE batch_id = :b"), {"b": batch_id})
-    except IntegrityError:
-        raise ConcurrentCommitError(
-            f"Batch {batch_id} overlaps offsets that another batch already committed; the database refused it.",
-            fix="Nothing was written. Inspect the batch with `microbatch history`.",
-        ) from None
-
-
 def _merge_sinks(session: Session, ctx: CommitContext, batch: Batch, result: CommitResult) -> None:
     """Each sink in spec order: check its staged rows against the stage's count, retract what a replay
     supersedes, merge."""
@@ -220,24 +198,9 @@ def _merge_sinks(session: Session, ctx: CommitContext, batch: Batch, result: Com
 def _move_bad_records(session: Session, ctx: CommitContext, batch: Batch, result: CommitResult) -> None:
     """Staged dead letters and late records into their tables; a late record keeps the watermark that made
     it late (the batch's own start, even for a backfill)."""
-    params = {**ctx.staged, "pipeline_id": ctx.pipeline_id}
-    result.dead_letters = session.execute(
-        text(
-            'INSERT INTO dead_letters (pipeline_id, batch_id, topic, partition, "offset", raw, error, "key", '
-            '"timestamp") SELECT :pipeline_id, batch_id, topic, partition, "offset", raw, error, "key", "timestamp" '
-            "FROM stage_dead_letters "
-            "WHERE batch_id = :batch_id AND attempt = :attempt"
-        ),
-        params,
-    ).rowcount
-    result.late_records = session.execute(
-        text(
-            'INSERT INTO late_records (pipeline_id, batch_id, topic, partition, "offset", event_time, raw, watermark) '
-            'SELECT :pipeline_id, batch_id, topic, partition, "offset", event_time, raw, :watermark '
-            "FROM stage_late_records WHERE batch_id = :batch_id AND attempt = :attempt"
-        ),
-        {**params, "watermark": watermark_timestamp((batch.state_before or {}).get("watermark_us"))},
-    ).rowcount
+    result.dead_letters, result.late_records = repo.move_staged_bad_records(
+        session, ctx.pipeline_id, ctx.batch_id, ctx.attempt,
+        watermark_timestamp((batch.state_before or {}).get("watermark_us")))
 
 
 def _write_outbox(session: Session, ctx: CommitContext, result: CommitResult) -> None:
@@ -250,13 +213,7 @@ def _write_outbox(session: Session, ctx: CommitContext, result: CommitResult) ->
 
 def _finish(session: Session, ctx: CommitContext, batch: Batch, pipeline: Pipeline, run_id: str | None) -> None:
     """Advance the pipeline state (not for a backfill), mark the batch committed and delete its staged rows."""
-    if not ctx.backfill:
-        pipeline.state = dict(batch.state_after or {})
-    batch.state = BatchState.COMMITTED.value
-    batch.counts = {**batch.counts, "contributions": True}
-    batch.committed_at = session.execute(text("SELECT now()")).scalar_one()
-    batch.committed_run_id = run_id
+    repo.mark_committed(session, batch, pipeline, run_id, advance_state=not ctx.backfill)
     for sink in ctx.sinks.values():
         sink.clear_staging(session, ctx)
-    for table in ("stage_dead_letters", "stage_late_records"):
-        session.execute(text(f"DELETE FROM {quote(table)} WHERE batch_id = :batch_id"), ctx.staged)
+    repo.clear_staged_bad_records(session, ctx.batch_id)

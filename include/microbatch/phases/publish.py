@@ -25,7 +25,6 @@ from dataclasses import dataclass
 from kafka import KafkaConsumer, KafkaProducer
 from kafka import TopicPartition as KafkaTopicPartition
 from kafka.errors import KafkaError, KafkaTimeoutError, ProducerFencedError
-from sqlalchemy import text
 
 from microbatch import failpoints
 from microbatch.config import KafkaSink, PipelineSpec
@@ -108,36 +107,18 @@ def _max_seq_between(consumer: KafkaConsumer, tp: KafkaTopicPartition, start: in
 
 def _pending(ledger_url: str, pipeline_id: int, sink: str, after: int, limit: int) -> list[tuple[int, str, dict]]:
     with transaction(ledger_url) as session:
-        rows = session.execute(
-            text("SELECT seq, key, value FROM outbox WHERE pipeline_id = :p AND sink = :s AND seq > :after "
-                 "ORDER BY seq LIMIT :n"),
-            {"p": pipeline_id, "s": sink, "after": after, "n": limit},
-        ).all()
-    return [(seq, key, value) for seq, key, value in rows]
+        return repo.pending_outbox(session, pipeline_id, sink, after, limit)
 
 
 def _record_progress(ledger_url: str, pipeline_id: int, sink: str, last_seq: int) -> None:
     with transaction(ledger_url) as session:
-        session.execute(
-            text("INSERT INTO publish_progress (pipeline_id, sink, last_seq, transactions) VALUES (:p, :s, :q, 1) "
-                 "ON CONFLICT (pipeline_id, sink) DO UPDATE SET last_seq = greatest(publish_progress.last_seq, "
-                 "EXCLUDED.last_seq), transactions = publish_progress.transactions + 1, updated_at = now()"),
-            {"p": pipeline_id, "s": sink, "q": last_seq},
-        )
+        repo.record_publish_progress(session, pipeline_id, sink, last_seq)
 
 
 def pending_bounds(ledger_url: str, pipeline_id: int, sink: str) -> tuple[int, int]:
     """(recorded progress, highest outbox sequence) of one sink."""
     with transaction(ledger_url) as session:
-        progress = session.execute(
-            text("SELECT last_seq FROM publish_progress WHERE pipeline_id = :p AND sink = :s"),
-            {"p": pipeline_id, "s": sink},
-        ).scalar_one_or_none()
-        highest = session.execute(
-            text("SELECT coalesce(max(seq), 0) FROM outbox WHERE pipeline_id = :p AND sink = :s"),
-            {"p": pipeline_id, "s": sink},
-        ).scalar_one()
-    return progress or 0, highest
+        return repo.publish_bounds(session, pipeline_id, sink)
 
 
 def publish_sink(spec: PipelineSpec, sink: KafkaSink, ledger_url: str, bootstrap_servers: str) -> PublishResult:
@@ -187,13 +168,7 @@ def _record_publish_seconds(ledger_url: str, pipeline_id: int, sink: str, after:
     """Add this publish's seconds to `timings.publish_s` of each batch whose outbox rows it carried (for the
     ledger page's step chart; a publish that carried several batches counts for each)."""
     with transaction(ledger_url) as session:
-        session.execute(
-            text("UPDATE batches SET timings = timings || jsonb_build_object('publish_s', "
-                 "round(CAST(coalesce((timings->>'publish_s')::float8, 0) + :s AS numeric), 3)) "
-                 "WHERE id IN (SELECT DISTINCT batch_id FROM outbox WHERE pipeline_id = :p AND sink = :k "
-                 "AND seq > :a AND seq <= :z)"),
-            {"s": seconds, "p": pipeline_id, "k": sink, "a": after, "z": last},
-        )
+        repo.add_publish_seconds(session, pipeline_id, sink, after, last, seconds)
 
 
 @dataclass

@@ -33,7 +33,7 @@ from microbatch.kafka.offsets import offset_bounds, offsets_client
 from microbatch.kafka.security import spark_client_options
 from microbatch.ledger import repository as repo
 from microbatch.ledger.database import stage_lock, transaction
-from microbatch.ledger.models import OPEN_STATES, Batch, BatchKind, BatchState, Pipeline
+from microbatch.ledger.models import OPEN_STATES, Batch, BatchKind, BatchState
 from microbatch.phases.reporting import log_stage_summary
 from microbatch.phases.results import StageResult
 from microbatch.planning import data_loss_at_read, lost_ranges
@@ -374,8 +374,7 @@ def _state_before(session: Session, batch: Batch) -> dict[str, Any]:
         return dict(batch.state_before or {})
     before = repo.open_predecessor(session, batch)
     if before is None:
-        pipeline = session.get(Pipeline, batch.pipeline_id)
-        state = dict(pipeline.state or {}) if pipeline is not None else {}
+        state = repo.pipeline_state(session, batch.pipeline_id)
     elif before.state == BatchState.STAGED.value and before.staged_attempt == before.attempt:
         state = dict(before.state_after or {})
     else:

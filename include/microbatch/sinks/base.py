@@ -40,6 +40,7 @@ from sqlalchemy.types import TypeEngine
 
 from microbatch.config import PipelineSpec, SinkSpec
 from microbatch.errors import MicrobatchError
+from microbatch.ledger.fragments import staged_rows
 from microbatch.types import OffsetRange
 
 if TYPE_CHECKING:
@@ -354,7 +355,7 @@ class Sink:
         if self.staging is None:
             return
         found = session.execute(
-            text(f"SELECT count(*) FROM {quote(self.staging.table)} WHERE batch_id = :batch_id AND attempt = :attempt"),
+            text(f"SELECT count(*) FROM {staged_rows(quote(self.staging.table))}"),
             ctx.staged,
         ).scalar_one()
         if found != recorded:

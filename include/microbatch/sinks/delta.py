@@ -43,11 +43,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import text
 from sqlalchemy.orm import Session
 
 from microbatch.config import SOURCE_COORDINATES, DeltaSink, PipelineSpec
 from microbatch.errors import MicrobatchError, SpecError
+from microbatch.ledger import repository as repo
+from microbatch.ledger.models import OPEN_STATES, BatchState
 from microbatch.runtime import cache_dir
 from microbatch.sinks.base import (
     AssetRef,
@@ -321,14 +322,8 @@ def write_batch(df: DataFrame, sink: DeltaSink, owner: Owner, batch_id: int, att
 def record_version(session: Session, pipeline_id: int, sink: DeltaSink, batch_id: int, attempt: int,
                    found: LakeVersion) -> None:
     """Keep which version holds the batch in the ledger (a retry records the same version again)."""
-    session.execute(text(
-        "INSERT INTO lake_commits (batch_id, sink, pipeline_id, attempt, location, table_version, rows) "
-        "VALUES (:batch_id, :sink, :pipeline_id, :attempt, :location, :version, :rows) "
-        "ON CONFLICT (batch_id, sink) DO NOTHING"),
-        {"batch_id": batch_id, "sink": sink.name, "pipeline_id": pipeline_id, "attempt": found.attempt or attempt,
-         "location": location(sink), "version": found.version, "rows": found.rows})
-    recorded = session.execute(text("SELECT table_version FROM lake_commits WHERE batch_id = :b AND sink = :s"),
-                               {"b": batch_id, "s": sink.name}).scalar_one()
+    recorded = repo.record_lake_commit(session, pipeline_id, sink.name, batch_id, found.attempt or attempt,
+                                       location(sink), found.version, found.rows)
     if recorded != found.version:
         raise MicrobatchError(
             f"sink '{sink.name}': batch {batch_id} is recorded in version {recorded} of {location(sink)} and "
@@ -425,16 +420,15 @@ class DeltaTableSink(Sink):
                 fix="Replay into a pipeline without it, or use a postgres_upsert sink, which keeps the history.")
 
     def check_staged(self, session: Session, ctx: CommitContext, recorded: int) -> None:
-        row = session.execute(text("SELECT table_version, rows FROM lake_commits WHERE batch_id = :b AND sink = :s"),
-                              {"b": ctx.batch_id, "s": self.name}).one_or_none()
-        if row is None:
+        if repo.lake_commit(session, ctx.batch_id, self.name) is None:
             raise MicrobatchError(
                 f"Batch {ctx.batch_id}: no version of {self.location} is recorded for sink {self.name}.",
                 fix="Nothing was committed; the retry stages the batch, which finds or writes its version.")
 
     def merge(self, session: Session, ctx: CommitContext) -> int | None:
-        return session.execute(text("SELECT rows FROM lake_commits WHERE batch_id = :b AND sink = :s"),
-                               {"b": ctx.batch_id, "s": self.name}).scalar_one()
+        recorded = repo.lake_commit(session, ctx.batch_id, self.name)
+        assert recorded is not None, "check_staged refuses a batch without a recorded version"
+        return recorded.rows
 
     def clear_staging(self, session: Session, ctx: CommitContext) -> None:
         return None
@@ -538,20 +532,18 @@ def audit(session: Session, spec: PipelineSpec, sinks: Sequence[DeltaSink], pipe
     record alone. Returns (one summary line per table, problems)."""
     lines: list[str] = []
     problems: list[str] = []
-    states = dict(session.execute(text("SELECT id, state FROM batches WHERE pipeline_id = :p"),
-                                  {"p": pipeline_id}).all())
+    states = repo.batch_states(session, pipeline_id)
     for sink in sinks:
         loc = location(sink)
-        recorded = dict(session.execute(text(
-            "SELECT batch_id, table_version FROM lake_commits WHERE pipeline_id = :p AND sink = :s"),
-            {"p": pipeline_id, "s": sink.name}).all())
+        recorded = repo.lake_versions(session, pipeline_id, sink.name)
         if existing_table(loc) is None:
             problems.append(f"delta {sink.name}: no table at {loc}")
             continue
         held, foreign = batch_versions(loc, Owner(spec.name, uid, sink.name))
         oldest = oldest_version(loc)
         first = min(recorded, default=None)
-        expected = sorted(b for b, state in states.items() if state == "committed" and first is not None and b >= first)
+        expected = sorted(b for b, state in states.items()
+                          if state == BatchState.COMMITTED and first is not None and b >= first)
         expired = 0
         for batch_id in expected:
             versions = held.get(batch_id, [])
@@ -565,7 +557,7 @@ def audit(session: Session, spec: PipelineSpec, sinks: Sequence[DeltaSink], pipe
             elif recorded.get(batch_id) != versions[0]:
                 problems.append(f"delta {sink.name}: batch {batch_id} is in version {versions[0]} of {loc}, the ledger "
                                 f"recorded {recorded.get(batch_id)}")
-        in_flight = [b for b in held if states.get(b) in ("planned", "staged")]
+        in_flight = [b for b in held if states.get(b) in OPEN_STATES]
         strays = sorted(b for b in held if b not in expected and b not in in_flight)
         problems += [f"delta {sink.name}: version {held[b][0]} of {loc} holds batch {b}, which the ledger has "
                      f"{states.get(b, 'never planned')}" for b in strays]
@@ -578,9 +570,7 @@ def audit(session: Session, spec: PipelineSpec, sinks: Sequence[DeltaSink], pipe
 
 def holding_version(session: Session, pipeline_id: int, batch_id: int) -> dict[str, tuple[str, int]]:
     """The table version per lakehouse sink that holds a batch: {sink: (location, version)}."""
-    rows = session.execute(text("SELECT sink, location, table_version FROM lake_commits WHERE pipeline_id = :p "
-                                "AND batch_id = :b"), {"p": pipeline_id, "b": batch_id}).all()
-    return {sink: (loc, version) for sink, loc, version in rows}
+    return repo.lake_versions_of_batch(session, pipeline_id, batch_id)
 
 
 def table_view(sink: DeltaSink, limit: int, group_by: str | None = None) -> TableView:

@@ -10,26 +10,18 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from sqlalchemy import text
 from sqlalchemy.orm import Session
 
 from microbatch.config import KafkaSink
+from microbatch.ledger import repository as repo
 from microbatch.sinks.base import AssetRef, CommitContext, LineagePlaces, PublishedRows, Sink, quote, table_asset
-
-CORRECTION = " || jsonb_build_object('correction', true)"
 
 
 def outbox_sql(sink: KafkaSink, rows: PublishedRows) -> str:
     """One outbox row per row of `rows`, keyed by the sink's key column, its value the row as JSON, numbered
-    in `rows.order` after the sink's last sequence."""
-    return (
-        f"{rows.ctes}INSERT INTO outbox (pipeline_id, sink, seq, batch_id, key, value) "
-        f"SELECT :pipeline_id, :sink, base.seq + row_number() OVER (ORDER BY {rows.order}), :batch_id, "
-        f"final.{quote(sink.key)}::text, to_jsonb(final){CORRECTION if rows.correction else ''} "
-        f"FROM {rows.relation}, "
-        "(SELECT coalesce(max(seq), 0) AS seq FROM outbox WHERE pipeline_id = :pipeline_id AND sink = :sink) AS base "
-        "RETURNING seq"
-    )
+    in `rows.order` after the sink's last sequence (the ledger writes the outbox: `repository.outbox_insert_sql`)."""
+    return repo.outbox_insert_sql(rows.relation, rows.order, quote(sink.key), correction=rows.correction,
+                                  ctes=rows.ctes)
 
 
 class KafkaTopic(Sink):
@@ -51,8 +43,5 @@ class KafkaTopic(Sink):
         rows = ctx.sinks[self.spec.source].published_rows(ctx)
         if rows is None:
             return None
-        seqs = session.execute(
-            text(outbox_sql(self.spec, rows)),
-            {"pipeline_id": ctx.pipeline_id, "sink": self.name, "batch_id": ctx.batch_id, **rows.params},
-        ).scalars().all()
-        return (min(seqs), max(seqs)) if seqs else None
+        return repo.append_outbox(session, ctx.pipeline_id, self.name, ctx.batch_id, outbox_sql(self.spec, rows),
+                                  rows.params)

@@ -20,6 +20,8 @@ from sqlalchemy.orm import Session
 
 from microbatch.config import PostgresAggregateSink
 from microbatch.errors import SpecError
+from microbatch.ledger import repository as repo
+from microbatch.ledger.fragments import staged_rows, superseded_ranges
 from microbatch.sinks.base import (
     CommitContext,
     PublishedRows,
@@ -51,8 +53,7 @@ def merge_aggregate_sql(sink: PostgresAggregateSink) -> str:
     )
     return (
         f"INSERT INTO {quote(sink.table)} ({keys}, {', '.join(quote(c) for c in sink.sum_columns)}) "
-        f"SELECT {keys}, {sums} FROM {quote(sink.staging_table)} "
-        f"WHERE batch_id = :batch_id AND attempt = :attempt GROUP BY {keys} "
+        f"SELECT {keys}, {sums} FROM {staged_rows(quote(sink.staging_table))} GROUP BY {keys} "
         f"ON CONFLICT ({keys}) DO UPDATE SET {updates}"
     )
 
@@ -64,8 +65,7 @@ def contributions_sql(sink: PostgresAggregateSink) -> str:
     columns = ", ".join(quote(c) for c in (*source_columns(sink), *sink.key_and_sum_columns))
     return (
         f"INSERT INTO {quote(sink.contributions_table)} (batch_id, {columns}) "
-        f"SELECT :batch_id, {columns} FROM {quote(sink.staging_table)} "
-        f"WHERE batch_id = :batch_id AND attempt = :attempt"
+        f"SELECT :batch_id, {columns} FROM {staged_rows(quote(sink.staging_table))}"
     )
 
 
@@ -77,13 +77,13 @@ def _replaced_sums(sink: PostgresAggregateSink) -> str:
     if not sink.per_partition:
         return (
             f"SELECT {keys}, {sums} FROM {quote(sink.contributions_table)} c "
-            "JOIN (SELECT DISTINCT batch_id FROM ranges WHERE superseded_by = :batch_id) g "
+            f"JOIN (SELECT DISTINCT batch_id FROM {superseded_ranges()}) g "
             f"ON g.batch_id = c.batch_id GROUP BY {keys}"
         )
     return (
-        f"SELECT {keys}, {sums} FROM {quote(sink.contributions_table)} c JOIN ranges g "
-        "ON g.batch_id = c.batch_id AND g.topic = c.topic AND g.partition = c.partition "
-        f"WHERE g.superseded_by = :batch_id GROUP BY {keys}"
+        f"SELECT {keys}, {sums} FROM {quote(sink.contributions_table)} c JOIN "
+        f"{superseded_ranges('g', 'g.batch_id = c.batch_id AND g.topic = c.topic AND g.partition = c.partition')} "
+        f"GROUP BY {keys}"
     )
 
 
@@ -120,7 +120,7 @@ def changed_final_windows_sql(sink: PostgresAggregateSink) -> str:
     return (
         f"(SELECT {columns} FROM {quote(sink.table)} s "
         f"WHERE ({', '.join(f's.{quote(k)}' for k in sink.keys)}) IN "
-        f"(SELECT {keys} FROM {quote(sink.staging_table)} WHERE batch_id = :batch_id AND attempt = :attempt) "
+        f"(SELECT {keys} FROM {staged_rows(quote(sink.staging_table))}) "
         f"AND s.{quote(sink.window.end)} <= :high) AS final"
     )
 
@@ -149,8 +149,7 @@ def replay_changes_sql(sink: PostgresAggregateSink) -> str:
         f"coalesce(new.{quote(c)}, 0) <> coalesce(old.{quote(c)}, 0)" for c in sink.sum_columns)
     values = ", ".join(f"coalesce(s.{quote(c)}, 0) AS {quote(c)}" for c in sink.sum_columns)
     return (
-        f"WITH new AS (SELECT {keys}, {sums} FROM {quote(sink.staging_table)} "
-        f"WHERE batch_id = :batch_id AND attempt = :attempt GROUP BY {keys}), "
+        f"WITH new AS (SELECT {keys}, {sums} FROM {staged_rows(quote(sink.staging_table))} GROUP BY {keys}), "
         f"old AS ({_replaced_sums(sink)}), "
         f"changed AS (SELECT {keys} FROM new FULL JOIN old USING ({keys}) WHERE {differs}), "
         f"final AS (SELECT {keys}, {values} FROM changed LEFT JOIN {quote(sink.table)} s USING ({keys}) "
@@ -246,10 +245,7 @@ class PostgresAggregate(Sink):
     def _check_whole_batches(self, session: Session, ctx: CommitContext) -> None:
         """Per batch, a replay must supersede every range of each batch it touches, or the retraction would take
         back more than it recomputes (a replay planned before the sink's `contributions` became `per_batch`)."""
-        partial = session.execute(text(
-            "SELECT o.batch_id FROM ranges o WHERE o.batch_id IN "
-            "(SELECT batch_id FROM ranges WHERE superseded_by = :batch_id) "
-            "AND o.superseded_by IS DISTINCT FROM :batch_id LIMIT 1"), {"batch_id": ctx.batch_id}).scalar()
+        partial = repo.partly_superseded_batch(session, ctx.batch_id)
         if partial is not None:
             raise SpecError(
                 f"Replay batch {ctx.batch_id} recomputes only part of batch {partial}, but sink '{self.name}' keeps "

@@ -21,6 +21,7 @@ from sqlalchemy.orm import Session
 
 from microbatch.config import SOURCE_COORDINATES, PostgresAppendSink
 from microbatch.errors import MicrobatchError
+from microbatch.ledger.fragments import staged_rows, superseded_ranges
 from microbatch.sinks.base import CommitContext, PublishedRows, Sink, Staging, quote, sql_type, staging_columns
 
 
@@ -39,15 +40,14 @@ def insert_rows_sql(sink: PostgresAppendSink) -> str:
     """Insert one batch's staged rows into the sink table (a duplicate coordinate violates the primary key)."""
     columns = ", ".join(quote(c) for c in row_columns(sink))
     return (
-        f"INSERT INTO {quote(sink.table)} ({columns}) SELECT {columns} FROM {quote(sink.staging_table)} "
-        "WHERE batch_id = :batch_id AND attempt = :attempt"
+        f"INSERT INTO {quote(sink.table)} ({columns}) SELECT {columns} FROM {staged_rows(quote(sink.staging_table))}"
     )
 
 
 def delete_replaced_sql(sink: PostgresAppendSink) -> str:
     """Delete the rows of every committed range that the replay batch :batch_id superseded."""
     return (
-        f"DELETE FROM {quote(sink.table)} AS s USING ranges g WHERE g.superseded_by = :batch_id "
+        f"DELETE FROM {quote(sink.table)} AS s USING {superseded_ranges('g')} "
         'AND s.topic = g.topic AND s."partition" = g.partition '
         'AND s."offset" >= g.start_offset AND s."offset" < g.end_offset'
     )
@@ -57,8 +57,7 @@ def staged_rows_sql(sink: PostgresAppendSink) -> str:
     """This batch's staged rows as the relation `final` that a kafka sink publishes."""
     columns = ", ".join(quote(c) for c in row_columns(sink))
     return (
-        f"(SELECT {columns} FROM {quote(sink.staging_table)} "
-        "WHERE batch_id = :batch_id AND attempt = :attempt) AS final"
+        f"(SELECT {columns} FROM {staged_rows(quote(sink.staging_table))}) AS final"
     )
 
 

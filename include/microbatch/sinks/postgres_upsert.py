@@ -19,6 +19,7 @@ from sqlalchemy.orm import Session
 
 from microbatch.config import SOURCE_COORDINATES, PostgresUpsertSink
 from microbatch.errors import SpecError
+from microbatch.ledger.fragments import staged_rows, superseded_ranges
 from microbatch.sinks.base import CommitContext, Sink, Staging, quote, sql_type, staging_columns, tombstone_sql
 from microbatch.sinks.postgres_append import coordinate_columns
 
@@ -51,7 +52,7 @@ def add_versions_sql(sink: PostgresUpsertSink) -> str:
     return (
         f"INSERT INTO {quote(versions_table(sink))} (batch_id, {_cols(columns)}, deleted) "
         f"SELECT DISTINCT ON ({partition_keys}) :batch_id, {_cols(columns, 's')}, {tombstone_sql(sink, 's')} "
-        f"FROM {quote(sink.staging_table)} s WHERE s.batch_id = :batch_id AND s.attempt = :attempt "
+        f"FROM {staged_rows(quote(sink.staging_table), 's')} "
         f"ORDER BY {partition_keys}, {_order(sink, 's')}"
     )
 
@@ -75,11 +76,10 @@ def _rebuild_sql(sink: PostgresUpsertSink, touched: str, excluded: str = "") -> 
 
 def merge_sql(sink: PostgresUpsertSink) -> list[str]:
     """The statements of a merge: add the batch's versions, then rebuild the keys it staged."""
-    staged = f"{quote(sink.staging_table)} WHERE batch_id = :batch_id AND attempt = :attempt"
-    return [add_versions_sql(sink), *_rebuild_sql(sink, staged)]
+    return [add_versions_sql(sink), *_rebuild_sql(sink, staged_rows(quote(sink.staging_table)))]
 
 
-_SUPERSEDED = ("EXISTS (SELECT 1 FROM ranges g WHERE g.superseded_by = :batch_id AND g.batch_id = {v}.batch_id "
+_SUPERSEDED = (f"EXISTS (SELECT 1 FROM {superseded_ranges('g')} AND g.batch_id = {{v}}.batch_id "
                "AND g.topic = {v}.topic AND g.partition = {v}.partition)")
 
 
@@ -144,8 +144,8 @@ class PostgresUpsert(Sink):
         super().check_staged(session, ctx, recorded)
         null_key = " OR ".join(f"{quote(k)} IS NULL" for k in self.spec.keys)
         first = session.execute(text(
-            f"SELECT topic, partition, \"offset\", count(*) OVER () FROM {quote(self.spec.staging_table)} "
-            f"WHERE batch_id = :batch_id AND attempt = :attempt AND ({null_key}) "
+            f"SELECT topic, partition, \"offset\", count(*) OVER () FROM {staged_rows(quote(self.spec.staging_table))} "
+            f"AND ({null_key}) "
             "ORDER BY topic, partition, \"offset\" LIMIT 1"), ctx.staged).one_or_none()
         if first is not None:
             topic, partition, offset, count = first

@@ -31,6 +31,7 @@ from sqlalchemy.dialects import postgresql
 
 from microbatch.config import PipelineSpec, load_spec, spec_paths
 from microbatch.errors import SpecError
+from microbatch.ledger.database import MIGRATE_LOCK_NAMESPACE, get_engine, upgrade_ledger
 from microbatch.sinks.base import quote, sql_type
 from microbatch.sinks.registry import sinks_of
 
@@ -267,3 +268,21 @@ def migrate_pipelines(connection: sa.Connection, directory: Path | None = None) 
         for line in done[spec.name]:
             log.info("%s: %s", spec.name, line)
     return done
+
+
+def migrate_sinks(url: str, directory: Path | None = None) -> dict[str, list[str]]:
+    """Create or extend the sink tables of every spec in the pipelines directory (`migrate_pipelines`), in one
+    transaction; what was done per pipeline. A refused change raises `SpecError` and nothing is changed."""
+    with get_engine(url).begin() as conn:
+        # Two migrates at once would both find a table missing and both create it; the second waits instead.
+        conn.execute(sa.text("SELECT pg_advisory_xact_lock(:ns, 0)"), {"ns": MIGRATE_LOCK_NAMESPACE})
+        return migrate_pipelines(conn, directory)
+
+
+def migrate(url: str, revision: str = "head") -> str:
+    """Upgrade the ledger schema with Alembic, then (at head) create or extend the sink tables of every spec in
+    the pipelines directory; return the ledger revision."""
+    current = upgrade_ledger(url, revision)
+    if revision == "head":
+        migrate_sinks(url)
+    return current
