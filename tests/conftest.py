@@ -20,6 +20,11 @@ import pytest
 
 from microbatch.dev import localenv
 
+# pytest-xdist's workers get COLUMNS=80 and LINES=24 from execnet; a user's pipe or file has neither, and the CLI's
+# tables are as wide as their values there. The tests run the CLI as the user does.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    for name in ("COLUMNS", "LINES"):
+        os.environ.pop(name, None)
 # A fresh Airflow metadata DB per test session, so runs of the suite never see each other's DAG runs.
 os.environ["AIRFLOW_HOME"] = tempfile.mkdtemp(prefix="microbatch-airflow-")
 localenv.apply()
