@@ -47,6 +47,7 @@ from microbatch.phases.stage import (
     load_job,
     with_pooled_consumers,
 )
+from microbatch.settings import KafkaSettings
 from microbatch.types import OffsetRange
 
 RUNS = ("b2", "c", "d")
@@ -70,7 +71,7 @@ def main(argv: list[str]) -> int:
         _stage_outputs(spec, job, parsed, attempt, jdbc, ledger)
 
     def d(round_no: int) -> None:
-        options = with_pooled_consumers(kafka_read_options(ranges, bootstrap, "read_committed"))
+        options = with_pooled_consumers(kafka_read_options(ranges, KafkaSettings(bootstrap), "read_committed"))
         stage_rows(spark.read.format("kafka").options(**options).load(), round_no, jdbc)
 
     work = {"b2": lambda _: run_bare_job(spark, ranges, bootstrap), "c": c, "d": d,
