@@ -37,6 +37,7 @@ from pyspark.sql import Observation
 from session import bench_session
 
 from microbatch.config import find_spec
+from microbatch.ledger.database import Ledger
 from microbatch.phases.stage import (
     _Attempt,
     _read_ranges,
@@ -62,7 +63,7 @@ def main(argv: list[str]) -> int:
     spark, _ = bench_session("bench-cpu-pairs")
     spec = find_spec("ip_count")
     job = load_job(spec)
-    jdbc = jdbc_options(ledger)
+    jdbc = jdbc_options(Ledger(ledger))
     keep_observed_metrics(spark)
 
     def c(round_no: int, count_partitions: bool = False, state: dict | None = None) -> None:

@@ -19,6 +19,7 @@ import psutil
 from pyspark.sql import Observation, SparkSession
 from pyspark.sql import functions as F
 
+from microbatch.ledger.database import Ledger
 from microbatch.phases.stage import V1_SOURCE_LIST, jdbc_options, kafka_read_options, read_kafka_through_v2
 from microbatch.settings import KafkaSettings
 from microbatch.types import OffsetRange
@@ -67,7 +68,7 @@ def steps(spark: SparkSession, options: dict[str, str], ledger: str | None) -> t
     spark.conf.unset(V1_SOURCE_LIST)
     read_kafka_through_v2(spark)
     if ledger:
-        jdbc = jdbc_options(ledger)
+        jdbc = jdbc_options(Ledger(ledger))
         timed("6 the stage's pass with its JDBC staging write", lambda: stage_pass(
             lambda df: df.write.format("jdbc").options(**jdbc).option("dbtable", "stage_ip_counts").mode("append")
             .save()))

@@ -122,9 +122,9 @@ def quiet_pooled_group_warning(spark: SparkSession) -> None:
         KAFKA_SOURCE_LOGGER, jvm.org.apache.logging.log4j.Level.ERROR)
 
 
-def jdbc_options(ledger_url: str) -> dict[str, str]:
+def jdbc_options(ledger: Ledger) -> dict[str, str]:
     """pgjdbc options for the ledger database; the password travels only as an option."""
-    url = make_url(ledger_url)
+    url = make_url(ledger.url)
     return {
         "url": f"jdbc:postgresql://{url.host or '127.0.0.1'}:{url.port or 5432}/{url.database}"
         "?reWriteBatchedInserts=true",
@@ -316,7 +316,7 @@ def _stage_locked(
     records = _read_ranges(spark, spec, current.ranges, kafka)
     keep_observed_metrics(spark)
     parsed = job.parse(records, spec.job.options, current.state_before)
-    jdbc = jdbc_options(ledger.url)
+    jdbc = jdbc_options(ledger)
     BEFORE_READ.hit()  # the Spark job below reads Kafka
     values, rows_by_sink, read_seconds = _stage_outputs(spec, job, parsed, current, jdbc, ledger)
 
