@@ -28,6 +28,8 @@ from pathlib import Path
 import psutil
 import yaml
 
+from microbatch.settings import KafkaSettings
+
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
 APPS = ROOT / "bench" / "spark_apps"
@@ -171,7 +173,7 @@ def produce(bootstrap: str, topic: str, records: int, payload: Path) -> dict:
 def end_offsets(bootstrap: str, topic: str) -> dict[int, int]:
     from microbatch.kafka.offsets import discover_partitions, offset_bounds, offsets_client
 
-    with offsets_client(bootstrap) as consumer:
+    with offsets_client(KafkaSettings(bootstrap)) as consumer:
         _, latest = offset_bounds(consumer, discover_partitions(consumer, [topic]))
     return {tp.partition: offset for tp, offset in latest.items()}
 

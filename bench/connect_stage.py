@@ -19,6 +19,7 @@ STARTED = time.monotonic()
 
 from microbatch import settings  # noqa: E402
 from microbatch.config import find_spec  # noqa: E402
+from microbatch.ledger.database import Ledger  # noqa: E402
 from microbatch.phases.stage import connect_session, stage_batches  # noqa: E402
 
 
@@ -31,8 +32,8 @@ def main(argv: list[str]) -> int:
     spark = connect_session(os.environ["SPARK_REMOTE"], spec.spark.conf, share_key=share_key)
     connected = time.monotonic() - t0
     t1 = time.monotonic()
-    results = stage_batches(spark, spec, [int(b) for b in argv[1].split(",")], settings.ledger_url(),
-                            settings.kafka_settings().bootstrap_servers)
+    results = stage_batches(spark, spec, [int(b) for b in argv[1].split(",")], Ledger.from_settings(),
+                            settings.kafka_settings())
     staged = time.monotonic() - t1
     print("BENCH:" + json.dumps({"import_s": round(imported, 3), "connect_s": round(connected, 3),
                                  "stage_s": round(staged, 3), "records": sum(r.records for r in results),

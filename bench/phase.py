@@ -15,7 +15,7 @@ STARTED = time.monotonic()
 
 from microbatch import settings  # noqa: E402
 from microbatch.config import find_spec  # noqa: E402
-from microbatch.ledger.database import transaction  # noqa: E402
+from microbatch.ledger.database import Ledger, transaction  # noqa: E402
 
 
 def main(argv: list[str]) -> int:
@@ -27,7 +27,7 @@ def main(argv: list[str]) -> int:
         from microbatch.phases.plan import plan_next_batch
 
         t0 = time.monotonic()
-        outcome = plan_next_batch(spec, url, settings.kafka_settings().bootstrap_servers)
+        outcome = plan_next_batch(spec, Ledger(url), settings.kafka_settings())
         out = {"batch_id": outcome.batch_id, "batch_ids": outcome.batch_ids, "records": outcome.records,
                "ranges": len(outcome.ranges), "seconds": round(time.monotonic() - t0, 4)}
     elif what == "commit":

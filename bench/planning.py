@@ -16,6 +16,9 @@ import sys
 import time
 from pathlib import Path
 
+from microbatch.ledger.database import Ledger
+from microbatch.settings import KafkaSettings
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import kafka_tool, local_stack, machine, median, print_table, reproduce_command, write_results, write_spec
 
@@ -50,7 +53,7 @@ def main(argv: list[str]) -> int:
         pure = []
         for _ in range(args.reps):
             t0 = time.monotonic()
-            with offsets_client(stack.bootstrap, spec.source.isolation_level) as consumer:
+            with offsets_client(KafkaSettings(stack.bootstrap), spec.source.isolation_level) as consumer:
                 t1 = time.monotonic()
                 partitions = discover_partitions(consumer, spec.source.topics)
                 t2 = time.monotonic()
@@ -76,7 +79,7 @@ def main(argv: list[str]) -> int:
             for tp in partitions:
                 producer.send(tp.topic, b"x" * 100, partition=tp.partition)
             producer.flush()
-            outcome = plan_next_batch(spec, url, stack.bootstrap)
+            outcome = plan_next_batch(spec, Ledger(url), KafkaSettings(stack.bootstrap))
             full.append(outcome.seconds)
             assert outcome.batch_id is not None and not outcome.reused
             # Commit it with nothing staged, so the next run plans a new batch again.

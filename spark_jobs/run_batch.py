@@ -21,7 +21,7 @@ from sqlalchemy.exc import OperationalError
 from microbatch import settings
 from microbatch.config import decode_spec, find_spec
 from microbatch.errors import MicrobatchError, SpecError, StageFailedError
-from microbatch.ledger.database import unreachable
+from microbatch.ledger.database import Ledger, unreachable
 from microbatch.phases.stage import quiet_pooled_group_warning, stage_batches
 
 log = logging.getLogger("microbatch.stage")
@@ -42,13 +42,13 @@ def main(argv: list[str] | None = None) -> int:
             raise SpecError(f"--spec holds the pipeline '{spec.name}', not '{args.pipeline}'.",
                             fix="Pass the spec of the pipeline named by --pipeline.")
         ledger_url = settings.ledger_url()
-        bootstrap = settings.kafka_settings().bootstrap_servers  # the Kafka source reads the security variables
+        kafka = settings.kafka_settings()  # the bootstrap servers and security variables the stage task passed on
         batch_ids = [int(part) for part in str(args.batch_id).split(",") if part.strip()]
         spark = SparkSession.builder.appName(f"microbatch-{spec.name}-batch-{args.batch_id}").getOrCreate()
         spark.sparkContext.setLogLevel("WARN")
         quiet_pooled_group_warning(spark)
         log.info("Spark application id %s (master %s)", spark.sparkContext.applicationId, spark.sparkContext.master)
-        stage_batches(spark, spec, batch_ids, ledger_url, bootstrap, log)
+        stage_batches(spark, spec, batch_ids, Ledger(ledger_url), kafka, log)
         spark.stop()
     except MicrobatchError as exc:
         log.error("stage failed: %s", exc)

@@ -31,6 +31,7 @@ from session import bench_session  # noqa: E402
 
 from microbatch.phases.stage import kafka_read_options, read_metrics, with_pooled_consumers  # noqa: E402
 from microbatch.planning import plan_ranges  # noqa: E402
+from microbatch.settings import KafkaSettings  # noqa: E402
 from microbatch.types import OffsetRange  # noqa: E402
 from spark_jobs.ip_count import transform  # noqa: E402
 
@@ -56,7 +57,7 @@ def run_bare_job(spark: SparkSession, batch: list[OffsetRange], bootstrap: str,
                  observation: Observation | None = None, only_count: bool = False) -> None:
     """One batch of the bare job: read exactly `batch`, parse, aggregate, write to `noop`; with `observation`,
     the stage's observed metrics ride along (b2o), or with `only_count` a single count (b2o1)."""
-    options = kafka_read_options(batch, bootstrap, "read_committed")
+    options = kafka_read_options(batch, KafkaSettings(bootstrap), "read_committed")
     records = spark.read.format("kafka").options(**with_pooled_consumers(options)).load()
     parsed = transform.parse(records, OPTIONS, {})
     if observation is not None:

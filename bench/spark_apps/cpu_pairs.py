@@ -37,6 +37,7 @@ from pyspark.sql import Observation
 from session import bench_session
 
 from microbatch.config import find_spec
+from microbatch.ledger.database import Ledger
 from microbatch.phases.stage import (
     _Attempt,
     _read_ranges,
@@ -47,6 +48,7 @@ from microbatch.phases.stage import (
     load_job,
     with_pooled_consumers,
 )
+from microbatch.settings import KafkaSettings
 from microbatch.types import OffsetRange
 
 RUNS = ("b2", "c", "d")
@@ -61,7 +63,7 @@ def main(argv: list[str]) -> int:
     spark, _ = bench_session("bench-cpu-pairs")
     spec = find_spec("ip_count")
     job = load_job(spec)
-    jdbc = jdbc_options(ledger)
+    jdbc = jdbc_options(Ledger(ledger))
     keep_observed_metrics(spark)
 
     def c(round_no: int, count_partitions: bool = False, state: dict | None = None) -> None:
@@ -70,7 +72,7 @@ def main(argv: list[str]) -> int:
         _stage_outputs(spec, job, parsed, attempt, jdbc, ledger)
 
     def d(round_no: int) -> None:
-        options = with_pooled_consumers(kafka_read_options(ranges, bootstrap, "read_committed"))
+        options = with_pooled_consumers(kafka_read_options(ranges, KafkaSettings(bootstrap), "read_committed"))
         stage_rows(spark.read.format("kafka").options(**options).load(), round_no, jdbc)
 
     work = {"b2": lambda _: run_bare_job(spark, ranges, bootstrap), "c": c, "d": d,

@@ -26,6 +26,7 @@ from pyspark.sql import functions as F  # noqa: E402
 from session import bench_session  # noqa: E402
 from sqlalchemy import make_url  # noqa: E402
 
+from microbatch.ledger.database import Ledger  # noqa: E402
 from microbatch.phases.stage import jdbc_options  # noqa: E402
 from spark_jobs.ip_count import transform  # noqa: E402
 
@@ -58,7 +59,7 @@ def main(argv: list[str]) -> int:
     ledger = os.environ["MICROBATCH_LEDGER_URL"]
     url = make_url(ledger)
     conninfo = dict(host=url.host, port=url.port, user=url.username, password=url.password, dbname=url.database)
-    jdbc = jdbc_options(ledger)
+    jdbc = jdbc_options(Ledger(ledger))
     spark, remote = bench_session("bench-peer")
     ready = time.time()
     batches: list[dict] = []

@@ -16,6 +16,7 @@ STARTED = time.time()
 from session import bench_session  # noqa: E402
 
 from microbatch.phases.stage import kafka_read_options  # noqa: E402
+from microbatch.settings import KafkaSettings  # noqa: E402
 from microbatch.types import OffsetRange  # noqa: E402
 
 
@@ -25,7 +26,7 @@ def main(argv: list[str]) -> int:
     ranges = [OffsetRange(**r) for r in json.loads(Path(argv[0]).read_text())]
     spark, remote = bench_session("bench-raw-count")
     ready = time.time()
-    options = kafka_read_options(ranges, os.environ["MICROBATCH_KAFKA_BOOTSTRAP"], "read_committed")
+    options = kafka_read_options(ranges, KafkaSettings(os.environ["MICROBATCH_KAFKA_BOOTSTRAP"]), "read_committed")
     t0 = time.monotonic()
     count = spark.read.format("kafka").options(**options).load().count()
     seconds = time.monotonic() - t0

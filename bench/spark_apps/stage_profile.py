@@ -19,7 +19,9 @@ import psutil
 from pyspark.sql import Observation, SparkSession
 from pyspark.sql import functions as F
 
+from microbatch.ledger.database import Ledger
 from microbatch.phases.stage import V1_SOURCE_LIST, jdbc_options, kafka_read_options, read_kafka_through_v2
+from microbatch.settings import KafkaSettings
 from microbatch.types import OffsetRange
 from spark_jobs.ip_count import transform
 
@@ -66,7 +68,7 @@ def steps(spark: SparkSession, options: dict[str, str], ledger: str | None) -> t
     spark.conf.unset(V1_SOURCE_LIST)
     read_kafka_through_v2(spark)
     if ledger:
-        jdbc = jdbc_options(ledger)
+        jdbc = jdbc_options(Ledger(ledger))
         timed("6 the stage's pass with its JDBC staging write", lambda: stage_pass(
             lambda df: df.write.format("jdbc").options(**jdbc).option("dbtable", "stage_ip_counts").mode("append")
             .save()))
@@ -79,7 +81,7 @@ def main(argv: list[str]) -> int:
     spark = SparkSession.builder.appName("bench-stage-profile").getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
     read_kafka_through_v2(spark)  # the stage's read
-    options = kafka_read_options(ranges, os.environ["MICROBATCH_KAFKA_BOOTSTRAP"], "read_committed")
+    options = kafka_read_options(ranges, KafkaSettings(os.environ["MICROBATCH_KAFKA_BOOTSTRAP"]), "read_committed")
     runs = [steps(spark, options, os.environ.get("MICROBATCH_LEDGER_URL")) for _ in range(reps)]
     print("BENCH:" + json.dumps({"runs": [wall for wall, _ in runs], "cpu": [cpu for _, cpu in runs]}), flush=True)
     spark.stop()

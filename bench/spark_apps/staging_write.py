@@ -17,6 +17,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 from sqlalchemy import make_url
 
+from microbatch.ledger.database import Ledger
 from microbatch.phases.stage import jdbc_options
 
 COLUMNS = ("batch_id", "attempt", "window_start", "window_end", "ip", "count", "topic", "partition")
@@ -45,7 +46,7 @@ def main(argv: list[str]) -> int:
             conn.execute("TRUNCATE stage_ip_counts")
 
     def jdbc(rewrite: bool) -> None:
-        options = jdbc_options(ledger)
+        options = jdbc_options(Ledger(ledger))
         if not rewrite:
             options["url"] = options["url"].replace("?reWriteBatchedInserts=true", "")
         df.write.format("jdbc").options(**options).option("dbtable", "stage_ip_counts").mode("append").save()

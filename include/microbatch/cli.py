@@ -33,6 +33,7 @@ from microbatch.errors import MicrobatchError, SpecError, error_summary
 from microbatch.runtime import cache_dir
 
 if TYPE_CHECKING:
+    from microbatch.ledger.database import Ledger
     from microbatch.runner import RunOutcome
     from microbatch.sinks.base import Sink
 
@@ -50,8 +51,18 @@ def _ledger_url() -> str:
     return settings.ledger_url()  # no lookup: the environment, where use_running_stack() put the local stack
 
 
+def _ledger() -> Ledger:
+    from microbatch.ledger.database import Ledger
+
+    return Ledger(_ledger_url())
+
+
+def _kafka() -> settings.KafkaSettings:
+    return settings.kafka_settings()  # no lookup: the environment (bootstrap servers and security variables)
+
+
 def _bootstrap() -> str:
-    return settings.kafka_settings().bootstrap_servers  # clients read the security variables themselves
+    return _kafka().bootstrap_servers
 
 
 def _fail(exc: MicrobatchError) -> None:
@@ -388,7 +399,7 @@ def backfill(
         plan_log.addHandler(handler)
         plan_log.setLevel(logging.INFO)
         plan_log.propagate = False
-        log_backfill_plan(plan_log, pipeline, plan_backfill(spec, params, _ledger_url(), _bootstrap()))
+        log_backfill_plan(plan_log, pipeline, plan_backfill(spec, params, _ledger(), _kafka()))
         return
     path = _log_for(f"{pipeline}__backfill", log_file, f"running the {pipeline}__backfill DAG")
     with _dag_runs(path) as report:
@@ -442,7 +453,7 @@ def reset(
 
     check_target(to, value)  # a bad --to or --value is refused before anything is looked up
     spec = find_spec(pipeline)
-    plan = plan_reset(spec, to, value, topic, partition, _bootstrap(), _ledger_url())
+    plan = plan_reset(spec, to, value, topic, partition, _kafka(), _ledger())
     if not plan.moves:
         console.print("nothing to change: every position is already there")
         return
@@ -454,7 +465,7 @@ def reset(
     console.print(table)
     if not yes and not typer.confirm("Apply this reset?"):
         raise typer.Exit(1)
-    apply_reset(spec, plan, _ledger_url(), getpass.getuser())
+    apply_reset(spec, plan, _ledger(), getpass.getuser())
     console.print(f"reset applied to {len(plan.moves)} partition(s); skipped offsets are recorded as gaps")
 
 
@@ -467,7 +478,7 @@ def publish(pipeline: str) -> None:
 
     spec = find_spec(pipeline)
     for sink in publishing(spec):
-        result = publish_sink(spec, sink.spec, _ledger_url(), _bootstrap())
+        result = publish_sink(spec, sink.spec, _ledger(), _kafka())
         console.print(f"{sink.name}: sequences {result.first_seq}..{result.last_seq} published "
                       f"({result.records} records, {result.transactions} transactions) to {result.topic}")
 
@@ -479,7 +490,7 @@ def _latest_offsets(name: str) -> dict:
 
     try:
         spec = find_spec(name)
-        with offsets_client(_bootstrap(), spec.source.isolation_level) as consumer:
+        with offsets_client(_kafka(), spec.source.isolation_level) as consumer:
             return offset_bounds(consumer, source_partitions(consumer, spec.source))[1]
     except MicrobatchError as exc:
         console.print(f"[yellow]warning:[/yellow] latest offsets unavailable: {exc}")

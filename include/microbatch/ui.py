@@ -26,7 +26,6 @@ from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Resp
 from sqlalchemy.exc import OperationalError
 
 from microbatch.errors import MicrobatchError
-from microbatch.kafka.security import security_scope
 from microbatch.ledger import queries
 from microbatch.ledger.database import transaction, unreachable
 from microbatch.ledger.models import BACKFILL_KINDS, BatchState
@@ -112,8 +111,7 @@ def latest_offsets(pipeline: str, sources: LedgerSources) -> dict[TopicPartition
     kafka = sources.kafka_settings(spec.source.connection)
     if not _any_reachable(kafka.bootstrap_servers, sources.kafka_timeout_s):
         raise MicrobatchError(f"No Kafka broker answered at {kafka.bootstrap_servers}.")
-    with security_scope(kafka.security), \
-            offsets_client(kafka.bootstrap_servers, spec.source.isolation_level) as consumer:
+    with offsets_client(kafka, spec.source.isolation_level) as consumer:
         return offset_bounds(consumer, source_partitions(consumer, spec.source))[1]
 
 

@@ -13,7 +13,9 @@ from kafka import KafkaAdminClient
 from microbatch.config import find_spec
 from microbatch.dev.datagen import generate_lines, produce_lines
 from microbatch.dev.kafka import create_topic
+from microbatch.ledger.database import Ledger
 from microbatch.phases.plan import plan_next_batch
+from microbatch.settings import KafkaSettings
 from tests.e2e.helpers import assert_exactly_once, run_log, run_pipeline, write_test_spec
 
 pytestmark = pytest.mark.e2e
@@ -31,7 +33,7 @@ def test_new_partitions_and_split_reads_count_every_record(service_env, tmp_path
     env = {**service_env, "MICROBATCH_PIPELINES_DIR": str(specs)}
 
     # The pipeline's first plan pins the two partitions at their (empty) latest offsets and reads nothing.
-    assert plan_next_batch(find_spec("ip_count", specs), ledger_url, bootstrap).batch_id is None
+    assert plan_next_batch(find_spec("ip_count", specs), Ledger(ledger_url), KafkaSettings(bootstrap)).batch_id is None
     lines = generate_lines(3_000, ips=30, span_seconds=60, malformed=0.02, seed=31,
                            start=datetime(2026, 11, 22, 12, 0, 0, tzinfo=UTC))
     coords = produce_lines(bootstrap, topic, lines)

@@ -23,10 +23,11 @@ from microbatch.config import find_spec
 from microbatch.dev.airflow import AirflowStandalone
 from microbatch.dev.datagen import generate_lines, produce_lines
 from microbatch.ledger import repository as repo
-from microbatch.ledger.database import transaction
+from microbatch.ledger.database import Ledger, transaction
 from microbatch.ledger.models import BatchKind
 from microbatch.phases.commit import commit_batch
 from microbatch.phases.plan import plan_next_batch
+from microbatch.settings import KafkaSettings
 from microbatch.types import Gap, OffsetRange, Plan
 from tests.e2e.helpers import write_test_spec
 
@@ -54,7 +55,7 @@ def fill_ledger(url: str, bootstrap: str, topic: str) -> None:
     """Two committed batches (the second records a gap), an open backfill, then more input so lag > 0."""
     spec = find_spec("ip_count")
     produce_lines(bootstrap, topic, generate_lines(400, seed=11))
-    first = plan_next_batch(spec, url, bootstrap, airflow_run_id=RUN_1)
+    first = plan_next_batch(spec, Ledger(url), KafkaSettings(bootstrap), airflow_run_id=RUN_1)
     assert first.batch_id is not None and first.records == 150, first
     stage_and_commit(url, spec, first.batch_id)
 

@@ -18,10 +18,11 @@ from sqlalchemy import select, text
 
 from microbatch.config import PIPELINES_DIR, PipelineSpec
 from microbatch.ledger import queries
-from microbatch.ledger.database import get_engine, transaction
+from microbatch.ledger.database import Ledger, get_engine, transaction
 from microbatch.ledger.models import DeadLetter
 from microbatch.phases.commit import commit_batch
 from microbatch.phases.plan import plan_next_batch
+from microbatch.settings import KafkaSettings
 from microbatch.sinks.schema import migrate
 
 pytestmark = pytest.mark.integration
@@ -111,8 +112,8 @@ def test_a_staged_and_committed_dead_letter_keeps_its_records_key_and_timestamp(
     assert malformed[(1, 2)].timestamp == created
 
     spec = make_spec(topic)
-    outcome = plan_next_batch(spec, ledger_url, bootstrap)
-    result = stage_batch(spark, spec, outcome.batch_id, ledger_url, bootstrap)
+    outcome = plan_next_batch(spec, Ledger(ledger_url), KafkaSettings(bootstrap))
+    result = stage_batch(spark, spec, outcome.batch_id, Ledger(ledger_url), KafkaSettings(bootstrap))
     assert result is not None and result.dead_letters == 4
     with transaction(ledger_url) as session:
         staged = session.execute(text(

@@ -18,8 +18,9 @@ from sqlalchemy.exc import IntegrityError
 from microbatch.config import find_spec
 from microbatch.errors import ConcurrentCommitError, MicrobatchError, ZombieAttemptError
 from microbatch.ledger import repository as repo
-from microbatch.ledger.database import stage_lock, transaction
+from microbatch.ledger.database import Ledger, stage_lock, transaction
 from microbatch.phases.commit import commit_batch
+from microbatch.settings import KafkaSettings
 from microbatch.types import OffsetRange, Plan
 
 pytestmark = pytest.mark.integration
@@ -224,7 +225,8 @@ def test_a_concurrent_stage_waits_for_the_live_one_instead_of_superseding_it(led
         assert waited is False
         with transaction(ledger_url) as session:
             attempt = repo.begin_attempt(session, batch_id)
-        second = threading.Thread(target=lambda: outcome.append(stage_batch(None, SPEC, batch_id, ledger_url, "")))
+        second = threading.Thread(target=lambda: outcome.append(
+            stage_batch(None, SPEC, batch_id, Ledger(ledger_url), KafkaSettings(""))))
         second.start()
         time.sleep(2)
         assert second.is_alive() and outcome == []  # it waits; it did not take a new attempt

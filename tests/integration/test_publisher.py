@@ -19,8 +19,9 @@ from microbatch.config import find_spec
 from microbatch.dev.kafka import create_topic
 from microbatch.failpoints import EXIT_CODE, FAILPOINT_DIR_ENV, FAILPOINTS_ENV
 from microbatch.ledger import repository as repo
-from microbatch.ledger.database import publish_lock, transaction
+from microbatch.ledger.database import Ledger, publish_lock, transaction
 from microbatch.phases.publish import last_published_seq, publish_sink
+from microbatch.settings import KafkaSettings
 from microbatch.types import OffsetRange, Plan
 from tests.e2e.helpers import read_output, write_test_spec
 
@@ -61,16 +62,16 @@ def assert_published_once(bootstrap: str, topic: str, count: int) -> None:
 def test_publishes_in_bounded_transactions_and_resumes_from_the_topic(outbox, ledger_url, kafka):
     spec, topic = outbox
     sink = next(s for s in spec.sinks if s.type == "kafka")
-    result = publish_sink(spec, sink, ledger_url, kafka.bootstrap_servers)
+    result = publish_sink(spec, sink, Ledger(ledger_url), KafkaSettings(kafka.bootstrap_servers))
     assert (result.first_seq, result.last_seq, result.records, result.transactions) == (1, 1200, 1200, 3)
     assert_published_once(kafka.bootstrap_servers, topic, 1200)
-    assert last_published_seq(kafka.bootstrap_servers, topic) == 1200
-    again = publish_sink(spec, sink, ledger_url, kafka.bootstrap_servers)
+    assert last_published_seq(KafkaSettings(kafka.bootstrap_servers), topic) == 1200
+    again = publish_sink(spec, sink, Ledger(ledger_url), KafkaSettings(kafka.bootstrap_servers))
     assert again.records == 0
     # Even with the progress record lost, the topic's committed tail says what was published.
     with transaction(ledger_url) as session:
         session.execute(text("DELETE FROM publish_progress"))
-    again = publish_sink(spec, sink, ledger_url, kafka.bootstrap_servers)
+    again = publish_sink(spec, sink, Ledger(ledger_url), KafkaSettings(kafka.bootstrap_servers))
     assert again.records == 0 and again.resumed_after == 1200
     assert_published_once(kafka.bootstrap_servers, topic, 1200)
 
@@ -99,7 +100,7 @@ def test_zombie_publisher_is_fenced_and_its_records_stay_invisible(outbox, ledge
                     headers=[("microbatch.seq", str(9000 + i).encode())])
     zombie.flush()
     # The real publisher starts with the same transactional id: it fences the zombie and aborts its transaction.
-    result = publish_sink(spec, sink, ledger_url, kafka.bootstrap_servers)
+    result = publish_sink(spec, sink, Ledger(ledger_url), KafkaSettings(kafka.bootstrap_servers))
     assert result.records == 1200
     with pytest.raises(KafkaError):
         zombie.commit_transaction()
@@ -117,7 +118,8 @@ def test_zombie_publisher_is_fenced_and_its_records_stay_invisible(outbox, ledge
 
 def test_no_hanging_transaction_marker_probe(outbox, ledger_url, kafka):
     spec, topic = outbox
-    publish_sink(spec, next(s for s in spec.sinks if s.type == "kafka"), ledger_url, kafka.bootstrap_servers)
+    publish_sink(spec, next(s for s in spec.sinks if s.type == "kafka"), Ledger(ledger_url),
+                 KafkaSettings(kafka.bootstrap_servers))
     probe = KafkaProducer(bootstrap_servers=kafka.bootstrap_servers, transactional_id=f"probe-{uuid.uuid4()}")
     probe.init_transactions()
     probe.begin_transaction()
@@ -150,7 +152,8 @@ def test_missing_output_topic_is_a_clear_error(ledger_url, kafka, topic, tmp_pat
         session.execute(text("INSERT INTO outbox VALUES (:p, 'ip_count_sink', 1, :b, 'k', '{}')"),
                         {"p": pipeline.id, "b": batch.id})
     with pytest.raises(Exception, match=f"The output topic '{topic}_out' does not exist"):
-        publish_sink(spec, next(s for s in spec.sinks if s.type == "kafka"), ledger_url, kafka.bootstrap_servers)
+        publish_sink(spec, next(s for s in spec.sinks if s.type == "kafka"), Ledger(ledger_url),
+                     KafkaSettings(kafka.bootstrap_servers))
     create_topic(kafka.bootstrap_servers, f"{topic}_out", 1)
 
 
@@ -172,7 +175,7 @@ def test_concurrent_publishers_of_a_sink_wait_for_each_other_instead_of_fencing(
             assert all(run.poll() is None for run in runs), [log.read_text()[-2000:] for log in logs]
             assert time.monotonic() < deadline, "the publishers never reported waiting for the lock"
             time.sleep(0.5)
-        assert last_published_seq(kafka.bootstrap_servers, topic) == 0
+        assert last_published_seq(KafkaSettings(kafka.bootstrap_servers), topic) == 0
     codes = [run.wait(timeout=120) for run in runs]
     assert codes == [0, 0], [log.read_text()[-2000:] for log in logs]
     assert_published_once(kafka.bootstrap_servers, topic, 1200)

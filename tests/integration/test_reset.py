@@ -9,9 +9,10 @@ from sqlalchemy import text
 
 from microbatch.config import find_spec
 from microbatch.ledger import repository as repo
-from microbatch.ledger.database import transaction
+from microbatch.ledger.database import Ledger, transaction
 from microbatch.phases.commit import commit_batch
 from microbatch.phases.plan import plan_next_batch
+from microbatch.settings import KafkaSettings
 from tests.e2e.helpers import cli, write_test_spec
 
 pytestmark = pytest.mark.integration
@@ -29,7 +30,7 @@ def test_reset_rules(service_env, topic, kafka, ledger_url, tmp_path, monkeypatc
     producer.close()
     spec = find_spec("ip_count")
 
-    outcome = plan_next_batch(spec, ledger_url, kafka.bootstrap_servers)
+    outcome = plan_next_batch(spec, Ledger(ledger_url), KafkaSettings(kafka.bootstrap_servers))
     refused = cli(env, "reset", "ip_count", "--to", "latest", "--yes")
     assert refused.returncode == 2
     assert f"reset refused: batch(es) {outcome.batch_id} are still open" in refused.stdout

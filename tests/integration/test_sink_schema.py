@@ -16,8 +16,9 @@ from typer.testing import CliRunner
 
 from microbatch.config import PipelineSpec, find_spec
 from microbatch.errors import SpecError
-from microbatch.ledger.database import get_engine
+from microbatch.ledger.database import Ledger, get_engine
 from microbatch.phases.plan import plan_next_batch
+from microbatch.settings import KafkaSettings
 from microbatch.sinks.schema import apply, apply_changes, check, migrate, migrate_sinks, plan_changes, sink_metadata
 
 pytestmark = pytest.mark.integration
@@ -195,7 +196,7 @@ def no_batches(ledger_url: str):
 
 def plan_refusal(spec: PipelineSpec, url: str, bootstrap: str) -> str:
     with pytest.raises(SpecError) as caught:
-        plan_next_batch(spec, url, bootstrap)
+        plan_next_batch(spec, Ledger(url), KafkaSettings(bootstrap))
     assert not caught.value.retryable  # terminal: the DAG raises AirflowFailException, no retries
     assert "\n" not in caught.value.message
     return caught.value.message
@@ -250,7 +251,7 @@ def test_plan_opens_a_batch_when_all_matches(ledger_url: str, kafka, topic: str)
         producer.send(topic, b"x", partition=0)
     producer.flush()
     producer.close()
-    outcome = plan_next_batch(with_topic(IP_COUNT, topic), ledger_url, kafka.bootstrap_servers)
+    outcome = plan_next_batch(with_topic(IP_COUNT, topic), Ledger(ledger_url), KafkaSettings(kafka.bootstrap_servers))
     assert outcome.batch_id is not None and outcome.records == 3
 
 

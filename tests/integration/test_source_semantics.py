@@ -21,11 +21,12 @@ from microbatch.dev.kafka import create_topic
 from microbatch.errors import DataLossError, SpecError
 from microbatch.kafka.offsets import discover_source, mirror_group_offsets, offsets_client
 from microbatch.ledger import repository as repo
-from microbatch.ledger.database import transaction
+from microbatch.ledger.database import Ledger, transaction
 from microbatch.phases.commit import commit_batch
 from microbatch.phases.plan import PlanOutcome, plan_next_batch
 from microbatch.phases.reporting import log_plan_summary
 from microbatch.planning import find_holes, spark_splits
+from microbatch.settings import KafkaSettings
 from microbatch.types import OffsetRange, TopicPartition
 
 pytestmark = pytest.mark.integration
@@ -81,7 +82,7 @@ def commit_empty(url: str, spec: PipelineSpec, batch_id: int) -> None:
 
 
 def plan_and_commit(url: str, spec: PipelineSpec, bootstrap: str) -> PlanOutcome:
-    outcome = plan_next_batch(spec, url, bootstrap)
+    outcome = plan_next_batch(spec, Ledger(url), KafkaSettings(bootstrap))
     if outcome.batch_id is not None:
         commit_empty(url, spec, outcome.batch_id)
     return outcome
@@ -105,13 +106,13 @@ def test_group_offsets_take_over_from_an_existing_consumer(kafka, topic, ledger_
     group = f"legacy-{uuid.uuid4().hex[:6]}"
     set_group_offsets(bootstrap, group, {KTP(topic, 0): 3, KTP(topic, 1): 7})
     spec = make_spec(topics=[topic], startup={"mode": "group_offsets", "group_id": group, "reset": "latest"})
-    outcome = plan_next_batch(spec, ledger_url, bootstrap)
+    outcome = plan_next_batch(spec, Ledger(ledger_url), KafkaSettings(bootstrap))
     assert ranges_of(outcome) == {0: (3, 10), 1: (7, 10)}  # 2 and 3 have no group offset: reset to latest
     assert outcome.plan.startup[TopicPartition(topic, 2)] == "latest (no committed group offset)"
     # The starts are pinned: later records of partitions 2 and 3 are read from offset 10, not from a new latest.
     commit_empty(ledger_url, spec, outcome.batch_id)
     produce(bootstrap, topic, {2: 5})
-    assert ranges_of(plan_next_batch(spec, ledger_url, bootstrap)) == {2: (10, 15)}
+    assert ranges_of(plan_next_batch(spec, Ledger(ledger_url), KafkaSettings(bootstrap))) == {2: (10, 15)}
 
 
 def test_timestamp_between_two_known_records(kafka, topic, ledger_url):
@@ -120,7 +121,7 @@ def test_timestamp_between_two_known_records(kafka, topic, ledger_url):
     produce(bootstrap, topic, {0: 6}, timestamps=[base + i * 1000 for i in range(6)])
     produce(bootstrap, topic, {1: 3}, timestamps=[base - 10_000 + i for i in range(3)])
     spec = make_spec(topics=[topic], startup={"mode": "timestamp", "timestamp": base + 2500})
-    outcome = plan_next_batch(spec, ledger_url, bootstrap)
+    outcome = plan_next_batch(spec, Ledger(ledger_url), KafkaSettings(bootstrap))
     # Offset 3 is the first record at or after the time; partition 1 has none, so it starts at latest (3).
     assert ranges_of(outcome) == {0: (3, 6)}
     assert outcome.plan.starts[TopicPartition(topic, 1)] == 3
@@ -133,17 +134,17 @@ def test_specific_offsets_with_one_partition_missing(kafka, topic, ledger_url):
     set_group_offsets(bootstrap, group, {KTP(topic, 2): 8})
     spec = make_spec(topics=[topic], startup={"mode": "specific_offsets", "group_id": group,
                                              "offsets": {f"{topic}:0": 4, f"{topic}:1": 6}})
-    outcome = plan_next_batch(spec, ledger_url, bootstrap)
+    outcome = plan_next_batch(spec, Ledger(ledger_url), KafkaSettings(bootstrap))
     # 0 and 1 as listed, 2 from the group (Flink's fallback), 3 has neither: reset earliest.
     assert ranges_of(outcome) == {0: (4, 10), 1: (6, 10), 2: (8, 10), 3: (0, 10)}
 
     bad = make_spec(topics=[topic], startup={"mode": "specific_offsets", "offsets": {f"{topic}:9": 1}})
     other_ledger = ledger_url  # refused before anything is written
     with pytest.raises(SpecError, match=rf"names partition {topic}:9, but topic '{topic}' has partitions 0..3"):
-        plan_next_batch(bad.model_copy(update={"name": "other"}), other_ledger, bootstrap)
+        plan_next_batch(bad.model_copy(update={"name": "other"}), Ledger(other_ledger), KafkaSettings(bootstrap))
     beyond = make_spec(topics=[topic], startup={"mode": "specific_offsets", "offsets": {f"{topic}:0": 99}})
     with pytest.raises(SpecError, match=r"specific offset 99 lies outside the partition's offsets \[0, 10\]"):
-        plan_next_batch(beyond.model_copy(update={"name": "beyond"}), ledger_url, bootstrap)
+        plan_next_batch(beyond.model_copy(update={"name": "beyond"}), Ledger(ledger_url), KafkaSettings(bootstrap))
 
 
 # --- discovery -----------------------------------------------------------------------------------------------
@@ -163,7 +164,7 @@ def test_partitions_added_between_batches_start_at_their_first_record(kafka, led
     create_topic(bootstrap, name, 4)  # waits for the new leaders
     produce(bootstrap, name, {0: 1, 2: 3, 3: 2})
     with caplog.at_level(logging.INFO):
-        outcome = plan_next_batch(spec, ledger_url, bootstrap)
+        outcome = plan_next_batch(spec, Ledger(ledger_url), KafkaSettings(bootstrap))
         log_plan_summary(logging.getLogger("test"), spec.name, outcome)
     # New partitions found later start at earliest, whatever the startup mode (Flink's rule).
     assert outcome.plan.new_partitions == (TopicPartition(name, 2), TopicPartition(name, 3))
@@ -192,7 +193,7 @@ def test_topic_pattern_discovers_new_topics_and_reports_disappeared_ones(kafka, 
     client.close()
     produce(bootstrap, f"{prefix}.b", {0: 1})
     with caplog.at_level(logging.INFO):
-        third = plan_next_batch(spec, ledger_url, bootstrap)
+        third = plan_next_batch(spec, Ledger(ledger_url), KafkaSettings(bootstrap))
         log_plan_summary(logging.getLogger("test"), spec.name, third)
     assert third.plan.disappeared_topics == (f"{prefix}.a",)
     assert f"topic {prefix}.a has disappeared" in caplog.text
@@ -218,10 +219,10 @@ def test_min_records_per_batch_waits_then_runs(kafka, topic, ledger_url):
     bootstrap = kafka.bootstrap_servers
     produce(bootstrap, topic, {0: 5})
     spec = make_spec(topics=[topic], min_records_per_batch=20, max_wait_seconds=3600)
-    outcome = plan_next_batch(spec, ledger_url, bootstrap)
+    outcome = plan_next_batch(spec, Ledger(ledger_url), KafkaSettings(bootstrap))
     assert outcome.batch_id is None and "below min_records_per_batch 20" in outcome.plan.deferred
     produce(bootstrap, topic, {1: 15})
-    assert plan_next_batch(spec, ledger_url, bootstrap).records == 20
+    assert plan_next_batch(spec, Ledger(ledger_url), KafkaSettings(bootstrap)).records == 20
 
 
 # --- data loss -----------------------------------------------------------------------------------------------
@@ -235,7 +236,7 @@ def test_retention_deleting_unread_offsets_fails_or_records_a_gap(kafka, topic, 
     client.delete_records({KTP(topic, 0): 60})
     client.close()
     with pytest.raises(DataLossError) as error:
-        plan_next_batch(fail, ledger_url, bootstrap)
+        plan_next_batch(fail, Ledger(ledger_url), KafkaSettings(bootstrap))
     assert str(error.value).startswith(f"{topic}[0]: offsets [30, 60) were deleted by retention before they were read.")
     assert "on_data_loss: skip" in str(error.value)
 
@@ -256,14 +257,14 @@ def test_retention_between_plan_and_stage(kafka, topic, ledger_url):
     bootstrap = kafka.bootstrap_servers
     produce(bootstrap, topic, {0: 50})
     spec = make_spec(topics=[topic])
-    planned = plan_next_batch(spec, ledger_url, bootstrap)
+    planned = plan_next_batch(spec, Ledger(ledger_url), KafkaSettings(bootstrap))
     client = admin(bootstrap)
     client.delete_records({KTP(topic, 0): 20})
     client.close()
     with pytest.raises(DataLossError, match=rf"Batch {planned.batch_id}: offsets {topic}\[0\] \[0, 20\) were deleted"):
-        plan_next_batch(spec, ledger_url, bootstrap)
+        plan_next_batch(spec, Ledger(ledger_url), KafkaSettings(bootstrap))
     skip = spec.model_copy(update={"source": spec.source.model_copy(update={"on_data_loss": "skip"})})
-    replanned = plan_next_batch(skip, ledger_url, bootstrap)
+    replanned = plan_next_batch(skip, Ledger(ledger_url), KafkaSettings(bootstrap))
     assert replanned.batch_id != planned.batch_id and ranges_of(replanned) == {0: (20, 50)}
     assert [(g.start, g.end) for g in replanned.plan.gaps] == [(0, 20)]
     with transaction(ledger_url) as session:
@@ -277,7 +278,7 @@ def test_group_offsets_mirror_the_ledger_after_commit(kafka, topic, ledger_url):
     produce(bootstrap, topic, {0: 7, 1: 3, 3: 9})
     spec = make_spec(topics=[topic], commit_group_offsets={"enabled": True, "group_id": f"mirror-{topic}"})
     plan_and_commit(ledger_url, spec, bootstrap)
-    assert mirror_group_offsets(bootstrap, spec.group_id, {TopicPartition(t, p): o
+    assert mirror_group_offsets(KafkaSettings(bootstrap), spec.group_id, {TopicPartition(t, p): o
                                                             for (t, p), o in positions(ledger_url).items()})
     client = admin(bootstrap)
     offsets = client.list_group_offsets({spec.group_id: None})[spec.group_id]
@@ -291,7 +292,7 @@ def test_lag_is_recorded_per_partition_and_logged(kafka, topic, ledger_url, capl
     produce(bootstrap, topic, {0: 40, 2: 10})
     spec = make_spec(topics=[topic], max_records_per_batch=20)
     with caplog.at_level(logging.INFO):
-        outcome = plan_next_batch(spec, ledger_url, bootstrap)
+        outcome = plan_next_batch(spec, Ledger(ledger_url), KafkaSettings(bootstrap))
         log_plan_summary(logging.getLogger("test"), spec.name, outcome)
     with transaction(ledger_url) as session:
         pipeline = repo.get_pipeline(session, "ip_count")
@@ -326,7 +327,8 @@ def read(spark, ranges: list[OffsetRange], bootstrap: str, min_partitions: int =
     from microbatch.phases.stage import kafka_read_options, read_kafka_through_v2
 
     read_kafka_through_v2(spark)
-    return spark.read.format("kafka").options(**kafka_read_options(ranges, bootstrap, isolation, min_partitions)).load()
+    return spark.read.format("kafka").options(
+        **kafka_read_options(ranges, KafkaSettings(bootstrap), isolation, min_partitions)).load()
 
 
 def test_min_spark_partitions_splits_deterministically_with_equal_results(spark, kafka, topic):
@@ -409,7 +411,7 @@ def test_transactional_input_counts_only_committed_records(spark, kafka, topic, 
         producer.send(topic, value=f"open-{i}".encode(), partition=0)
     producer.flush()
     try:
-        outcome = plan_next_batch(make_spec(topics=[topic]), ledger_url, bootstrap)
+        outcome = plan_next_batch(make_spec(topics=[topic]), Ledger(ledger_url), KafkaSettings(bootstrap))
         (planned,) = outcome.ranges
         assert planned.end == 25  # 22 records + 3 markers; the open transaction is beyond the LSO
         values = [r.value.decode() for r in read(spark, [planned], bootstrap).collect()]
@@ -438,10 +440,10 @@ def test_a_batch_without_good_records_stages_its_dead_letters_and_commits(spark,
     producer.close()
     produce(bootstrap, topic, {1: 4})  # "1-0".."1-3": not access-log lines
     spec = make_spec(topics=[topic])
-    outcome = plan_next_batch(spec, ledger_url, bootstrap)
+    outcome = plan_next_batch(spec, Ledger(ledger_url), KafkaSettings(bootstrap))
     assert ranges_of(outcome) == {0: (0, 4), 1: (0, 4)}  # 3 aborted records and their marker; 4 records
 
-    result = stage_batch(spark, spec, outcome.batch_id, ledger_url, bootstrap)
+    result = stage_batch(spark, spec, outcome.batch_id, Ledger(ledger_url), KafkaSettings(bootstrap))
     assert result is not None
     assert result.records_by_partition == {f"{topic}[0]": 0, f"{topic}[1]": 4}
     assert (result.dead_letters, result.rows_by_sink["ip_counts"]) == (4, 0)
@@ -467,8 +469,8 @@ def test_records_per_partition_stay_exact_as_holes_come_and_go(spark, kafka, top
     def batch() -> tuple[dict[str, int], str]:
         caplog.clear()
         with caplog.at_level(logging.INFO, logger="microbatch.phases.stage"):
-            outcome = plan_next_batch(spec, ledger_url, bootstrap)
-            result = stage_batch(spark, spec, outcome.batch_id, ledger_url, bootstrap)
+            outcome = plan_next_batch(spec, Ledger(ledger_url), KafkaSettings(bootstrap))
+            result = stage_batch(spark, spec, outcome.batch_id, Ledger(ledger_url), KafkaSettings(bootstrap))
         assert result is not None
         with transaction(ledger_url) as session:
             commit_batch(session, spec, outcome.batch_id)
@@ -551,7 +553,7 @@ def test_compacted_topic_with_offset_holes(spark, kafka, ledger_url):
     assert offsets != list(range(offsets[0], offsets[0] + len(offsets)))  # holes
 
     spec = make_spec(topics=[topic], max_records_per_batch=100_000)
-    outcome = plan_next_batch(spec, ledger_url, bootstrap)
+    outcome = plan_next_batch(spec, Ledger(ledger_url), KafkaSettings(bootstrap))
     (planned,) = outcome.ranges
     assert (planned.start, planned.end) == (0, offsets[-1] + 1)
     read_offsets = sorted(r.offset for r in read(spark, [planned], bootstrap).select("offset").collect())
@@ -578,7 +580,7 @@ def test_group_offset_mirror_failure_is_a_warning(kafka, topic, ledger_url, capl
         spec = make_spec(topics=[topic], commit_group_offsets={"enabled": True, "group_id": group})
         plan_and_commit(ledger_url, spec, bootstrap)
         with caplog.at_level(logging.WARNING):
-            mirrored = mirror_group_offsets(bootstrap, spec.group_id, {TopicPartition(t, p): o
+            mirrored = mirror_group_offsets(KafkaSettings(bootstrap), spec.group_id, {TopicPartition(t, p): o
                                                                         for (t, p), o in positions(ledger_url).items()})
         assert mirrored is False
         assert "the ledger is unaffected" in caplog.text
@@ -590,7 +592,7 @@ def test_group_offset_mirror_failure_is_a_warning(kafka, topic, ledger_url, capl
 def test_the_planner_client_may_refresh_metadata_right_after_its_bootstrap(kafka, topic):
     # kafka-python counts its bootstrap as a metadata refresh to back off from (0.1 s before the first topic
     # lookup of every plan); the planner's client starts with no such backoff, and still finds the topic.
-    with offsets_client(kafka.bootstrap_servers) as consumer:
+    with offsets_client(KafkaSettings(kafka.bootstrap_servers)) as consumer:
         cluster = consumer._cluster
         retry_age_ms = time.monotonic() * 1000 - cluster._last_refresh_ms
         assert cluster.config["retry_backoff_ms"] - retry_age_ms <= 0

@@ -7,6 +7,8 @@ import logging
 import pytest
 
 from microbatch.errors import StageFailedError, error_summary
+from microbatch.ledger.database import Ledger
+from microbatch.settings import KafkaSettings
 
 
 class Py4JJavaError(Exception):
@@ -52,6 +54,6 @@ def test_stage_batches_turns_only_unnamed_failures_into_stage_failed(monkeypatch
                                (RuntimeError("status = StatusCode.UNAVAILABLE"), RuntimeError)):
         raised.append(original)
         with pytest.raises(expected) as info:
-            staging.stage_batches(None, None, [7], "", "")
+            staging.stage_batches(None, None, [7], Ledger(""), KafkaSettings(""))
         assert (info.value is original) == (expected is not StageFailedError)
     assert "trace of the failure of batch 7" in caplog.text

@@ -9,8 +9,8 @@ import pytest
 
 from microbatch import settings
 from microbatch.errors import ConnectionSettingsError
-from microbatch.kafka.security import client_kwargs, current_security, security_scope
-from microbatch.settings import ConnectionFields, KafkaSettings
+from microbatch.kafka.security import client_kwargs
+from microbatch.settings import ConnectionFields, KafkaSecurity, KafkaSettings
 
 SASL = {"bootstrap.servers": "b1:9093,b2:9093", "security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "PLAIN",
         "sasl.username": "etl"}
@@ -87,15 +87,13 @@ def test_kafka_errors_say_what_to_set():
         settings.kafka_settings("k", lookup_of(k=bad))
 
 
-def test_clients_use_the_scope_they_are_given_else_the_environment(monkeypatch):
+def test_clients_log_in_with_the_settings_they_are_given(monkeypatch):
     kafka = settings.kafka_settings("k", lookup_of(k=ConnectionFields(extra=SASL, password="s3cret")))
-    assert client_kwargs() == {}
-    with security_scope(kafka.security):
-        assert current_security() == kafka.security
-        assert client_kwargs()["sasl_plain_password"] == "s3cret"
-    assert client_kwargs() == {}
+    assert client_kwargs(KafkaSecurity()) == {}
+    assert client_kwargs(kafka.security)["sasl_plain_password"] == "s3cret"
+    assert client_kwargs(settings.kafka_security()) == {}
     monkeypatch.setenv("MICROBATCH_KAFKA_SECURITY_PROTOCOL", "SSL")
-    assert client_kwargs() == {"security_protocol": "SSL"}
+    assert client_kwargs(settings.kafka_security()) == {"security_protocol": "SSL"}
 
 
 def test_spark_remote_from_env_then_the_connection_url(monkeypatch):

@@ -20,7 +20,6 @@ from microbatch import settings
 from microbatch.airflow import hooks
 from microbatch.airflow.operators import STAGE_OPERATORS, LakeMaintenanceOperator, batch_id_list, resolved, task_errors
 from microbatch.config import PipelineSpec, find_spec
-from microbatch.kafka.security import security_scope
 from microbatch.sinks.registry import maintained, publishing, sinks_of
 
 log = logging.getLogger("microbatch")
@@ -128,10 +127,10 @@ def _plan_task(spec: PipelineSpec) -> Callable[[], Any]:
         from microbatch.phases.plan import plan_next_batch
         from microbatch.phases.reporting import log_plan_summary
 
-        url = resolved(hooks.ledger_url)
-        kafka = resolved(hooks.kafka_settings, spec.source.connection)
-        with task_errors(url), security_scope(kafka.security):
-            outcome = plan_next_batch(spec, url, kafka.bootstrap_servers, context["run_id"])
+        ledger = resolved(hooks.LedgerHook().get_conn)
+        kafka = resolved(hooks.KafkaHook(spec.source.connection).get_conn)
+        with task_errors(ledger):
+            outcome = plan_next_batch(spec, ledger, kafka, context["run_id"])
         log_plan_summary(log, spec.name, outcome)
         if outcome.batch_id is None:
             raise AirflowSkipException("nothing new to read")
@@ -146,10 +145,10 @@ def _backfill_plan_task(spec: PipelineSpec) -> Callable[[], Any]:
         from microbatch.phases.backfill import plan_backfill
         from microbatch.phases.reporting import log_backfill_plan
 
-        url = resolved(hooks.ledger_url)
-        kafka = resolved(hooks.kafka_settings, spec.source.connection)
-        with task_errors(url), security_scope(kafka.security):
-            outcome = plan_backfill(spec, dict(context["params"]), url, kafka.bootstrap_servers, context["run_id"])
+        ledger = resolved(hooks.LedgerHook().get_conn)
+        kafka = resolved(hooks.KafkaHook(spec.source.connection).get_conn)
+        with task_errors(ledger):
+            outcome = plan_backfill(spec, dict(context["params"]), ledger, kafka, context["run_id"])
         log_backfill_plan(log, spec.name, outcome)
         if not outcome.batch_ids:
             raise AirflowSkipException("dry run" if outcome.params.dry_run else f"nothing to {outcome.params.mode}")
@@ -178,23 +177,20 @@ def _commit_task(spec: PipelineSpec) -> Any:
     def commit(batch_ids: int | str, **context: Any) -> list[dict[str, Any]]:
         from microbatch.airflow.lineage import emit_committed
         from microbatch.kafka.offsets import mirror_group_offsets
-        from microbatch.ledger.database import transaction
         from microbatch.phases.commit import AFTER_COMMIT, commit_batch
         from microbatch.phases.reporting import log_commit_summary
 
-        url = resolved(hooks.ledger_url)
+        ledger = resolved(hooks.LedgerHook().get_conn)
+        kafka = hooks.KafkaHook(spec.source.connection)  # resolved on first use only, then kept for the task
         summaries = []
         for batch_id in batch_id_list(batch_ids):
-            with task_errors(url), transaction(url) as session:
+            with task_errors(ledger), ledger.transaction() as session:
                 result = commit_batch(session, spec, batch_id, context.get("run_id"))
             AFTER_COMMIT.hit()
             log_commit_summary(log, spec.name, result)
-            emit_committed(spec, result, url,
-                           lambda: resolved(hooks.kafka_settings, spec.source.connection).bootstrap_servers)
+            emit_committed(spec, result, ledger.url, lambda: resolved(kafka.get_conn).bootstrap_servers)
             if spec.source.commit_group_offsets and result.moves:
-                kafka = resolved(hooks.kafka_settings, spec.source.connection)
-                with security_scope(kafka.security):
-                    mirror_group_offsets(kafka.bootstrap_servers, spec.group_id, {m.tp: m.after for m in result.moves})
+                mirror_group_offsets(resolved(kafka.get_conn), spec.group_id, {m.tp: m.after for m in result.moves})
             summaries.append({
                 "batch_id": result.batch_id,
                 "attempt": result.attempt,
@@ -219,12 +215,13 @@ def _publish_task(spec: PipelineSpec) -> Any:
         from microbatch.phases.publish import publish_sink
         from microbatch.phases.reporting import log_publish_summary
 
-        url = resolved(hooks.ledger_url)
+        ledger = resolved(hooks.LedgerHook().get_conn)
+        clusters = {conn_id: hooks.KafkaHook(conn_id) for conn_id in {s.spec.connection for s in publishing(spec)}}
         summary = {}
         for sink in publishing(spec):
-            kafka = resolved(hooks.kafka_settings, sink.spec.connection)
-            with task_errors(url), security_scope(kafka.security):
-                result = publish_sink(spec, sink.spec, url, kafka.bootstrap_servers)
+            kafka = resolved(clusters[sink.spec.connection].get_conn)
+            with task_errors(ledger):
+                result = publish_sink(spec, sink.spec, ledger, kafka)
             log_publish_summary(log, spec.name, result)
             summary[sink.name] = {"first_seq": result.first_seq, "last_seq": result.last_seq,
                                   "records": result.records, "transactions": result.transactions}

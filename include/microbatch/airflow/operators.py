@@ -23,8 +23,7 @@ from sqlalchemy.exc import OperationalError
 from microbatch.airflow import hooks
 from microbatch.config import PipelineSpec, encode_spec
 from microbatch.errors import MicrobatchError, TransientServiceError
-from microbatch.kafka.security import security_scope
-from microbatch.ledger.database import unreachable
+from microbatch.ledger.database import Ledger
 from microbatch.runtime import PROJECT_ROOT, RUN_BATCH, library_zip, spark_jars
 from microbatch.settings import LEDGER_URL_ENV, KafkaSettings
 from microbatch.sinks.registry import driver_env as sink_driver_env
@@ -55,7 +54,7 @@ microbatch's own lines say what was done."""
 
 
 @contextmanager
-def task_errors(url: str) -> Iterator[None]:
+def task_errors(ledger: Ledger) -> Iterator[None]:
     """The frame of every task's work: client chatter kept out of the task log, and platform and
     ledger-connection errors turned into one logged sentence and the right failure."""
     for name in CLIENT_LOGGERS:
@@ -65,7 +64,7 @@ def task_errors(url: str) -> Iterator[None]:
     except MicrobatchError as exc:
         fail(exc)
     except OperationalError as exc:
-        fail(unreachable(url, exc))
+        fail(ledger.unreachable(exc))
 
 
 def resolved(resolve: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
@@ -81,11 +80,11 @@ def batch_id_list(batch_ids: int | str) -> list[int]:
     return [int(part) for part in str(batch_ids).split(",")]
 
 
-def driver_env(ledger_url: str, kafka: KafkaSettings) -> dict[str, str]:
+def driver_env(ledger: Ledger, kafka: KafkaSettings) -> dict[str, str]:
     """The environment of the spark-submit driver: its connections (never on its command line), this Python
     and the platform's import path."""
     env = {
-        LEDGER_URL_ENV: ledger_url,
+        LEDGER_URL_ENV: ledger.url,
         **kafka.env(),
         "PYSPARK_PYTHON": sys.executable,
         "PYSPARK_DRIVER_PYTHON": sys.executable,
@@ -131,9 +130,9 @@ class SubmitStageOperator(SparkSubmitOperator):
         self.kafka_conn_id = spec.source.connection
 
     def execute(self, context: Any) -> None:
-        ledger_url = resolved(hooks.ledger_url)
-        kafka = resolved(hooks.kafka_settings, self.kafka_conn_id)
-        self.env_vars = {**(self.env_vars or {}), **driver_env(ledger_url, kafka)}
+        ledger = resolved(hooks.LedgerHook().get_conn)
+        kafka = resolved(hooks.KafkaHook(self.kafka_conn_id).get_conn)
+        self.env_vars = {**(self.env_vars or {}), **driver_env(ledger, kafka)}
         if not self.jars:
             self.jars = ",".join(str(p) for p in spark_jars())
         # Executors on a cluster import the platform and the job from this zip; local mode finds them anyway.
@@ -181,11 +180,11 @@ class ConnectStageOperator(BaseOperator):
             importlib.import_module(name)
         import_s = time.monotonic() - started
         spec, ids = self.spec, batch_id_list(self.batch_ids)
-        url = resolved(hooks.ledger_url)
-        kafka = resolved(hooks.kafka_settings, spec.source.connection)
+        ledger = resolved(hooks.LedgerHook().get_conn)
+        kafka = resolved(hooks.KafkaHook(spec.source.connection).get_conn)
         remote = resolved(hooks.spark_remote, spec.spark.connection)
         resolved(reachable, remote, spec.spark.connection)
-        with task_errors(url), security_scope(kafka.security), connect_client_scope():
+        with task_errors(ledger), connect_client_scope():
             spark = None
             try:
                 # The DAG's stage tasks share one warm server-side session (a new one per batch costs ~1 s).
@@ -194,7 +193,7 @@ class ConnectStageOperator(BaseOperator):
                 log.info("stage %s: Spark Connect client ready in %.2f s (its modules %s, session %.2f s)", spec.name,
                          time.monotonic() - started, "already imported" if warm else
                          f"imported in {import_s:.2f} s", time.monotonic() - connecting)
-                staged = stage_batches(spark, spec, ids, url, kafka.bootstrap_servers, log)
+                staged = stage_batches(spark, spec, ids, ledger, kafka, log)
                 session = server_session(spark)
             except Exception as exc:
                 if not connect.is_unavailable(exc):

@@ -72,13 +72,14 @@ def next_start(bootstrap_servers: str, topic: str, tail: int = 200) -> datetime:
     """Where a new generation into `topic` starts: now, or just after the latest event time among the last
     `tail` records of each partition if that is later, so that lines generated right after others are never
     behind their watermark."""
-    from kafka import KafkaConsumer, TopicPartition
+    from kafka import TopicPartition
 
-    from microbatch.kafka.security import client_kwargs
+    from microbatch.kafka import clients
+    from microbatch.settings import KafkaSettings, kafka_security
 
     now = datetime.now(UTC).replace(microsecond=0)
-    consumer = KafkaConsumer(bootstrap_servers=bootstrap_servers.split(","), group_id=None,
-                             enable_auto_commit=False, **client_kwargs())
+    consumer = clients.consumer(KafkaSettings(bootstrap_servers, kafka_security()), group_id=None,
+                                enable_auto_commit=False)
     try:
         tps = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or ())]
         if not tps:
@@ -156,12 +157,11 @@ def produce_lines(
 ) -> list[tuple[int, int]]:
     """Send the lines, keyed by IP (malformed ones spread by the producer); return each line's
     acknowledged (partition, offset), in input order."""
-    from kafka import KafkaProducer
+    from microbatch.kafka import clients
+    from microbatch.settings import KafkaSettings, kafka_security
 
-    from microbatch.kafka.security import client_kwargs
-
-    producer = KafkaProducer(bootstrap_servers=bootstrap_servers.split(","), acks="all", linger_ms=20,
-                             batch_size=256 * 1024, enable_idempotence=True, **client_kwargs())
+    producer = clients.producer(KafkaSettings(bootstrap_servers, kafka_security()), acks="all", linger_ms=20,
+                                batch_size=256 * 1024, enable_idempotence=True)
     coordinates: list[tuple[int, int]] = []
     pending = []
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from microbatch.dev.process import free_port, port_open, wait_until
 from microbatch.runtime import ensure_jars
+from microbatch.settings import KafkaSettings
 
 log = logging.getLogger(__name__)
 
@@ -147,10 +148,10 @@ class KafkaBroker:
             raise RuntimeError(f"the Kafka broker exited with code {self.process.returncode}; see {self.log_file}")
         if not port_open(self.port):
             return False
-        from kafka import KafkaAdminClient
+        from microbatch.kafka import clients
 
         try:
-            admin = KafkaAdminClient(bootstrap_servers=self.bootstrap_servers, request_timeout_ms=5000)
+            admin = clients.admin(KafkaSettings(self.bootstrap_servers), request_timeout_ms=5000)
         except Exception:
             return False
         try:
@@ -272,9 +273,9 @@ class KafkaCluster:
 
 def describe_partitions(bootstrap_servers: str, topics: list[str] | None = None) -> dict[tuple[str, int], dict]:
     """{(topic, partition): {"leader": node id, "replicas": [...], "isr": [...]}} from a metadata request."""
-    from kafka import KafkaAdminClient
+    from microbatch.kafka import clients
 
-    admin = KafkaAdminClient(bootstrap_servers=bootstrap_servers.split(","), request_timeout_ms=10_000)
+    admin = clients.admin(KafkaSettings(bootstrap_servers), request_timeout_ms=10_000)
     try:
         described = admin.describe_topics(topics)
     finally:
@@ -288,9 +289,9 @@ def find_transaction_coordinator(bootstrap_servers: str, transactional_id: str) 
     """The node id of the transaction coordinator of `transactional_id`, as the admin client finds it (a
     FindCoordinator request of the transaction kind, then DescribeTransactions there). The id must have been
     used by a producer already."""
-    from kafka import KafkaAdminClient
+    from microbatch.kafka import clients
 
-    admin = KafkaAdminClient(bootstrap_servers=bootstrap_servers.split(","), request_timeout_ms=10_000)
+    admin = clients.admin(KafkaSettings(bootstrap_servers), request_timeout_ms=10_000)
     try:
         return admin.describe_transactions([transactional_id])[transactional_id].coordinator_id
     finally:
@@ -302,11 +303,12 @@ def create_topic(bootstrap_servers: str, name: str, partitions: int, replication
     """Create a topic (with topic-level `config`); a topic that already exists is left as it is. The
     replication factor defaults to the brokers' `default.replication.factor` (1 on a single node, 3 on the
     cluster)."""
-    from kafka import KafkaAdminClient
     from kafka.admin import NewTopic
     from kafka.errors import TopicAlreadyExistsError
 
-    admin = KafkaAdminClient(bootstrap_servers=bootstrap_servers.split(","))
+    from microbatch.kafka import clients
+
+    admin = clients.admin(KafkaSettings(bootstrap_servers))
     try:
         admin.create_topics([NewTopic(name, partitions, replication, topic_configs=config or {})])
     except TopicAlreadyExistsError:
@@ -314,9 +316,7 @@ def create_topic(bootstrap_servers: str, name: str, partitions: int, replication
     finally:
         admin.close()
     # Wait until the partitions have leaders, so the first produce does not race the creation.
-    from kafka import KafkaConsumer
-
-    consumer = KafkaConsumer(bootstrap_servers=bootstrap_servers.split(","))
+    consumer = clients.consumer(KafkaSettings(bootstrap_servers))
     try:
         wait_until(lambda: len(consumer.partitions_for_topic(name) or ()) >= partitions, 30, f"topic {name}")
     finally:

@@ -13,14 +13,15 @@ import time
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 
-from kafka import KafkaAdminClient, KafkaConsumer, OffsetAndMetadata
+from kafka import KafkaConsumer, OffsetAndMetadata
 from kafka import TopicPartition as KafkaTopicPartition
 from kafka.errors import KafkaConfigurationError, KafkaError
 
 from microbatch import failpoints
 from microbatch.config import SourceSpec
 from microbatch.errors import ConnectionSettingsError, MicrobatchError, SpecError, TransientServiceError
-from microbatch.kafka.security import client_kwargs, current_security
+from microbatch.kafka import clients
+from microbatch.settings import KafkaSettings
 from microbatch.types import StartupOffsets, TopicPartition
 
 log = logging.getLogger(__name__)
@@ -40,9 +41,9 @@ def _listening(bootstrap_servers: str) -> bool:
     return False
 
 
-def broker_unreachable(bootstrap_servers: str) -> MicrobatchError:
+def broker_unreachable(kafka: KafkaSettings) -> MicrobatchError:
     """Why no Kafka client could be made: a refused SASL login (the broker listens) or an unreachable cluster."""
-    security = current_security()
+    bootstrap_servers, security = kafka.bootstrap_servers, kafka.security
     if security.sasl and _listening(bootstrap_servers):
         return ConnectionSettingsError(
             f"The Kafka broker at {bootstrap_servers} is listening but refused the SASL {security.sasl_mechanism} "
@@ -59,23 +60,22 @@ def broker_unreachable(bootstrap_servers: str) -> MicrobatchError:
 
 @contextmanager
 def offsets_client(
-    bootstrap_servers: str, isolation_level: str = "read_committed", group_id: str | None = None
+    kafka: KafkaSettings, isolation_level: str = "read_committed", group_id: str | None = None
 ) -> Iterator[KafkaConsumer]:
     """A consumer used only for metadata and offset lookups; it never subscribes."""
     try:
-        consumer = KafkaConsumer(
-            bootstrap_servers=bootstrap_servers.split(","),
+        consumer = clients.consumer(
+            kafka,
+            client_id="microbatch-planner",
             group_id=group_id,
             enable_auto_commit=False,
             isolation_level=isolation_level,
             request_timeout_ms=30_000,
-            client_id="microbatch-planner",
-            **client_kwargs(),
         )
     except KafkaConfigurationError as exc:
         raise ConnectionSettingsError(f"The Kafka client settings are invalid: {exc}.") from None
     except KafkaError:
-        raise broker_unreachable(bootstrap_servers) from None
+        raise broker_unreachable(kafka) from None
     skip_bootstrap_backoff(consumer)
     try:
         yield consumer
@@ -138,7 +138,7 @@ def discover_source(
 
 
 def startup_lookups(
-    bootstrap_servers: str,
+    kafka: KafkaSettings,
     consumer: KafkaConsumer,
     partitions: list[TopicPartition],
     *,
@@ -150,7 +150,7 @@ def startup_lookups(
     committed: dict[TopicPartition, int | None] = {}
     for_time: dict[TopicPartition, int | None] = {}
     if group_id is not None and partitions:
-        offsets = read_group_offsets(bootstrap_servers, group_id)
+        offsets = read_group_offsets(kafka, group_id)
         committed = {tp: offsets.get(tp) for tp in partitions}
     if timestamp_ms is not None and partitions:
         for_time = offsets_for_time(consumer, partitions, timestamp_ms)
@@ -175,13 +175,12 @@ def offsets_for_time(
     return {tp: None if hits.get(tp) is None else hits[tp].offset for tp in wanted}
 
 
-def read_group_offsets(bootstrap_servers: str, group_id: str) -> dict[TopicPartition, int]:
+def read_group_offsets(kafka: KafkaSettings, group_id: str) -> dict[TopicPartition, int]:
     """The committed offsets of a consumer group, through the admin client (partitions without one are absent)."""
     try:
-        admin = KafkaAdminClient(bootstrap_servers=bootstrap_servers.split(","), client_id="microbatch-planner",
-                                 **client_kwargs())
+        admin = clients.admin(kafka, client_id="microbatch-planner")
     except KafkaError:
-        raise broker_unreachable(bootstrap_servers) from None
+        raise broker_unreachable(kafka) from None
     try:
         answer = admin.list_group_offsets({group_id: None})
     except KafkaError as exc:
@@ -246,7 +245,7 @@ def leader_moves(before: Mapping[str, int | None], after: Mapping[str, int | Non
 
 
 def mirror_group_offsets(
-    bootstrap_servers: str, group_id: str, positions: Mapping[TopicPartition, int]
+    kafka: KafkaSettings, group_id: str, positions: Mapping[TopicPartition, int]
 ) -> bool:
     """Best effort: write the ledger positions as the group's committed offsets, for lag tools.
 
@@ -258,8 +257,7 @@ def mirror_group_offsets(
         for tp, offset in positions.items()
     }
     try:
-        admin = KafkaAdminClient(bootstrap_servers=bootstrap_servers.split(","), client_id="microbatch-mirror",
-                                 request_timeout_ms=_TIMEOUT_MS, **client_kwargs())
+        admin = clients.admin(kafka, client_id="microbatch-mirror", request_timeout_ms=_TIMEOUT_MS)
         try:
             errors = admin.alter_group_offsets(group_id, offsets)
         finally:

@@ -2,43 +2,22 @@
 kafka-python's keyword arguments and the `kafka.*` options of Spark's Kafka source.
 
 Where the settings come from is `microbatch.settings` (`kafka_settings`: the environment, else the
-Kafka connection). A client takes them explicitly, or from the scope the caller opened with
-`security_scope` (an Airflow task, for the clients that the phases make), or else from the
-`MICROBATCH_KAFKA_*` environment (the CLI, and the spark-submit driver, whose environment the stage
-task sets). They reach spark-submit through its environment, never through its arguments.
+Kafka connection); they travel with the cluster's `KafkaSettings`, passed explicitly to
+`microbatch.kafka.clients`, which builds every client. They reach spark-submit through its environment
+(`KafkaSettings.env`), never through its arguments.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
-from contextvars import ContextVar
 from typing import Any
 
-from microbatch.settings import KafkaSecurity, kafka_security
+from microbatch.settings import KafkaSecurity
 
 LOGIN_MODULES = {
     "PLAIN": "org.apache.kafka.common.security.plain.PlainLoginModule",
     "SCRAM-SHA-256": "org.apache.kafka.common.security.scram.ScramLoginModule",
     "SCRAM-SHA-512": "org.apache.kafka.common.security.scram.ScramLoginModule",
 }
-_scoped: ContextVar[KafkaSecurity | None] = ContextVar("microbatch_kafka_security", default=None)
-
-
-@contextmanager
-def security_scope(security: KafkaSecurity) -> Iterator[None]:
-    """Kafka clients made inside this block (in this thread or task) log in with `security`, whatever the
-    environment says; the scope ends with the block and never touches `os.environ`."""
-    token = _scoped.set(security)
-    try:
-        yield
-    finally:
-        _scoped.reset(token)
-
-
-def current_security() -> KafkaSecurity:
-    """The settings of the enclosing `security_scope`, else those of the `MICROBATCH_KAFKA_*` environment."""
-    return _scoped.get() or kafka_security()
 
 
 def kafka_python_kwargs(security: KafkaSecurity) -> dict[str, Any]:
@@ -73,13 +52,11 @@ def spark_kafka_options(security: KafkaSecurity) -> dict[str, str]:
     return options
 
 
-def client_kwargs(security: KafkaSecurity | None = None) -> dict[str, Any]:
-    """kafka-python security arguments for `security` (default: `current_security()`); empty for plaintext."""
-    security = current_security() if security is None else security
+def client_kwargs(security: KafkaSecurity) -> dict[str, Any]:
+    """kafka-python security arguments for `security`; empty for plaintext."""
     return {} if security.security_protocol == "PLAINTEXT" else kafka_python_kwargs(security)
 
 
-def spark_client_options(security: KafkaSecurity | None = None) -> dict[str, str]:
-    """Spark Kafka source security options for `security` (default: `current_security()`); empty for plaintext."""
-    security = current_security() if security is None else security
+def spark_client_options(security: KafkaSecurity) -> dict[str, str]:
+    """Spark Kafka source security options for `security`; empty for plaintext."""
     return {} if security.security_protocol == "PLAINTEXT" else spark_kafka_options(security)

@@ -7,6 +7,7 @@ import time
 import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
@@ -15,7 +16,7 @@ from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
 from microbatch.errors import ConnectionSettingsError, MicrobatchError, TransientServiceError
-from microbatch.settings import LEDGER_CONN_ID, LEDGER_URL_ENV
+from microbatch.settings import LEDGER_CONN_ID, LEDGER_URL_ENV, ledger_url
 
 log = logging.getLogger(__name__)
 MIGRATIONS = Path(__file__).resolve().parent / "migrations"
@@ -60,6 +61,43 @@ def transaction(url: str) -> Iterator[Session]:
     factory = sessionmaker(get_engine(url), expire_on_commit=False)
     with factory.begin() as session:
         yield session
+
+
+@dataclass(frozen=True)
+class Ledger:
+    """The ledger database, as the phases take it: its URL (the password never shows in `repr` or logs), the
+    process's pooled engine and a transaction. Resolved once per task by `microbatch.airflow.hooks.LedgerHook`,
+    from the environment by the CLI and the Spark driver (`Ledger.from_settings`)."""
+
+    url: str = field(repr=False)
+
+    def __repr__(self) -> str:
+        return f"Ledger({safe_url(self.url)})"
+
+    @classmethod
+    def from_settings(cls) -> Ledger:
+        """The ledger of `MICROBATCH_LEDGER_URL` (no Airflow lookup)."""
+        return cls(ledger_url())
+
+    @property
+    def safe_url(self) -> str:
+        """The URL with its password masked."""
+        return safe_url(self.url)
+
+    @property
+    def engine(self) -> Engine:
+        """The one pooled engine of this URL in this process."""
+        return get_engine(self.url)
+
+    @contextmanager
+    def transaction(self) -> Iterator[Session]:
+        """One session in one transaction: committed on success, rolled back on any error."""
+        with transaction(self.url) as session:
+            yield session
+
+    def unreachable(self, exc: Exception) -> TransientServiceError:
+        """One sentence for a failed connection to this ledger (its URL masked)."""
+        return unreachable(self.url, exc)
 
 
 def upgrade_ledger(url: str, revision: str = "head") -> str:

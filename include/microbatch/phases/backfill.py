@@ -35,10 +35,11 @@ from microbatch.config import PipelineSpec
 from microbatch.errors import SpecError, first_validation_error
 from microbatch.kafka.offsets import discover_partitions, offset_bounds, offsets_client, offsets_for_time
 from microbatch.ledger import repository as repo
-from microbatch.ledger.database import transaction
+from microbatch.ledger.database import Ledger
 from microbatch.ledger.models import BatchKind, Pipeline
 from microbatch.phases.plan import check_pipeline
 from microbatch.planning import FillPlan, ReplayPlan, layers, open_overlaps, plan_fill, plan_replay
+from microbatch.settings import KafkaSettings
 from microbatch.sinks.registry import sinks_of
 from microbatch.types import CommittedRange, OffsetRange, Plan, TopicPartition
 
@@ -109,26 +110,26 @@ class BackfillOutcome:
 def plan_backfill(
     spec: PipelineSpec,
     raw_params: Mapping[str, object],
-    ledger_url: str,
-    bootstrap_servers: str,
+    ledger: Ledger,
+    kafka: KafkaSettings,
     airflow_run_id: str | None = None,
 ) -> BackfillOutcome:
     """Validate, resolve times, plan the fill, and (unless dry run) insert one backfill batch per layer."""
     params = parse_params(spec, raw_params)
-    check_pipeline(spec, ledger_url)  # the sink tables and the transform, before any batch is opened
-    requests = _requested_ranges(params, spec.source.isolation_level, bootstrap_servers)
-    with transaction(ledger_url) as session:
+    check_pipeline(spec, ledger)  # the sink tables and the transform, before any batch is opened
+    requests = _requested_ranges(params, spec.source.isolation_level, kafka)
+    with ledger.transaction() as session:
         pipeline = repo.ensure_pipeline(session, spec, lock=True)
         if params.mode == "replay":
             return _plan_replay(session, spec, pipeline, params, requests, airflow_run_id)
         return _plan_fill(session, spec, pipeline, params, requests, airflow_run_id)
 
 
-def _requested_ranges(params: BackfillParams, isolation_level: str, bootstrap_servers: str) -> list[OffsetRange]:
+def _requested_ranges(params: BackfillParams, isolation_level: str, kafka: KafkaSettings) -> list[OffsetRange]:
     """The request as one offset range per partition, times resolved on the broker. Refused (SpecError) for a
     partition that does not exist, an end beyond the latest offset, a start before the earliest offset Kafka
     still holds, or a start time after every record of the topic."""
-    with offsets_client(bootstrap_servers, isolation_level) as consumer:
+    with offsets_client(kafka, isolation_level) as consumer:
         wanted = _wanted_partitions(consumer, params)
         earliest, latest = offset_bounds(consumer, wanted)
         starts, ends = _resolve_times(consumer, params, wanted)

@@ -23,7 +23,7 @@ from microbatch.config import OnDataLoss, PipelineSpec
 from microbatch.errors import DataLossError, SpecError
 from microbatch.kafka.offsets import discover_source, offset_bounds, offsets_client, startup_lookups
 from microbatch.ledger import repository as repo
-from microbatch.ledger.database import get_engine, transaction
+from microbatch.ledger.database import Ledger
 from microbatch.ledger.models import BatchState
 from microbatch.planning import (
     data_loss_at_read,
@@ -34,6 +34,7 @@ from microbatch.planning import (
     plan_batch,
 )
 from microbatch.runtime import PROJECT_ROOT
+from microbatch.settings import KafkaSettings
 from microbatch.sinks import schema
 from microbatch.types import OffsetRange, Plan, StartupOffsets, TopicPartition
 
@@ -64,7 +65,7 @@ class PlanOutcome:
 
 
 def plan_next_batch(
-    spec: PipelineSpec, ledger_url: str, bootstrap_servers: str, airflow_run_id: str | None = None
+    spec: PipelineSpec, ledger: Ledger, kafka: KafkaSettings, airflow_run_id: str | None = None
 ) -> PlanOutcome:
     """Reuse the open batches, or plan and insert new ones (one, or up to `source.max_batches_per_run` when the
     backlog is larger than a batch); no batch id when there is nothing to read.
@@ -74,9 +75,9 @@ def plan_next_batch(
     the mode applies once. Every fresh plan records the lag of each partition.
     """
     started = time.monotonic()
-    check_pipeline(spec, ledger_url)
-    earliest, latest, looked_up = _read_broker(spec, ledger_url, bootstrap_servers)
-    with transaction(ledger_url) as session:
+    check_pipeline(spec, ledger)
+    earliest, latest, looked_up = _read_broker(spec, ledger, kafka)
+    with ledger.transaction() as session:
         pipeline = repo.ensure_pipeline(session, spec, lock=True)
         reused = _reuse_open_batches(session, pipeline.id, earliest, spec.source.on_data_loss)
         if reused:
@@ -106,16 +107,16 @@ def plan_next_batch(
 
 
 def _read_broker(
-    spec: PipelineSpec, ledger_url: str, bootstrap_servers: str
+    spec: PipelineSpec, ledger: Ledger, kafka: KafkaSettings
 ) -> tuple[dict[TopicPartition, int], dict[TopicPartition, int], StartupOffsets]:
     """Discover the partitions, read their earliest and latest offsets, and what the startup mode needs for
     partitions the ledger has never seen; a listed topic that is missing and was never read is a SpecError."""
     source = spec.source
-    with offsets_client(bootstrap_servers, source.isolation_level) as consumer:
+    with offsets_client(kafka, source.isolation_level) as consumer:
         partitions, missing = discover_source(consumer, source.topics or (), source.topic_pattern)
         earliest, latest = (offset_bounds(consumer, partitions, failpoint=LIST_OFFSETS) if partitions
                             else ({}, {}))
-        with transaction(ledger_url) as session:
+        with ledger.transaction() as session:
             pipeline = repo.ensure_pipeline(session, spec)
             known = repo.read_positions(session, pipeline.id)
         unknown = [topic for topic in missing if topic not in {tp.topic for tp in known}]
@@ -127,7 +128,7 @@ def _read_broker(
         new = [tp for tp in partitions if tp not in known] if not known else []  # startup modes: first plan only
         group_id = source.startup.group_id or spec.group_id
         looked_up = startup_lookups(
-            bootstrap_servers, consumer, new,
+            kafka, consumer, new,
             group_id=group_id if needs_group_offsets(source, new) else None,
             timestamp_ms=source.startup.timestamp if needs_offsets_for_time(source, new) else None,
         )
@@ -165,11 +166,11 @@ def _abandon_from(
         log.warning("abandoned batch %s: %s", closed_id, error.message)
 
 
-def check_pipeline(spec: PipelineSpec, ledger_url: str) -> None:
+def check_pipeline(spec: PipelineSpec, ledger: Ledger) -> None:
     """Before anything is written: the sink tables exist and match the spec, and the transform can be found and
     has the contract's methods. A mismatch raises `SpecError` (terminal: a retry cannot help)."""
     check_transform(spec)
-    with get_engine(ledger_url).connect() as conn:
+    with ledger.engine.connect() as conn:
         schema.check(conn, spec)
 
 

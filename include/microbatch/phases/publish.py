@@ -29,11 +29,12 @@ from kafka.errors import KafkaError, KafkaTimeoutError, ProducerFencedError
 from microbatch import failpoints
 from microbatch.config import KafkaSink, PipelineSpec
 from microbatch.errors import SpecError
+from microbatch.kafka import clients
 from microbatch.kafka.offsets import skip_bootstrap_backoff
-from microbatch.kafka.security import client_kwargs
 from microbatch.ledger import repository as repo
-from microbatch.ledger.database import publish_lock, transaction
+from microbatch.ledger.database import Ledger, publish_lock
 from microbatch.phases.results import PublishResult
+from microbatch.settings import KafkaSettings
 
 log = logging.getLogger(__name__)
 SEQ_HEADER = "microbatch.seq"
@@ -54,7 +55,7 @@ def _seq_of(headers: list[tuple[str, bytes]] | None) -> int | None:
     return None
 
 
-def last_published_seq(bootstrap_servers: str, topic: str) -> int:
+def last_published_seq(kafka: KafkaSettings, topic: str) -> int:
     """The highest outbox sequence in the topic's committed records (0 if none).
 
     Transactions commit atomically and sequences are sent in order, so the highest sequence
@@ -62,9 +63,8 @@ def last_published_seq(bootstrap_servers: str, topic: str) -> int:
     one is published too. Reads only the tail of each partition, widening if it finds no
     data record there (markers of many small transactions).
     """
-    consumer = KafkaConsumer(bootstrap_servers=bootstrap_servers.split(","), isolation_level="read_committed",
-                             enable_auto_commit=False, group_id=None, client_id="microbatch-publisher-tail",
-                             **client_kwargs())
+    consumer = clients.consumer(kafka, client_id="microbatch-publisher-tail", isolation_level="read_committed",
+                                enable_auto_commit=False, group_id=None)
     skip_bootstrap_backoff(consumer)
     try:
         partitions = consumer.partitions_for_topic(topic)
@@ -105,37 +105,37 @@ def _max_seq_between(consumer: KafkaConsumer, tp: KafkaTopicPartition, start: in
     return best
 
 
-def _pending(ledger_url: str, pipeline_id: int, sink: str, after: int, limit: int) -> list[tuple[int, str, dict]]:
-    with transaction(ledger_url) as session:
+def _pending(ledger: Ledger, pipeline_id: int, sink: str, after: int, limit: int) -> list[tuple[int, str, dict]]:
+    with ledger.transaction() as session:
         return repo.pending_outbox(session, pipeline_id, sink, after, limit)
 
 
-def _record_progress(ledger_url: str, pipeline_id: int, sink: str, last_seq: int) -> None:
-    with transaction(ledger_url) as session:
+def _record_progress(ledger: Ledger, pipeline_id: int, sink: str, last_seq: int) -> None:
+    with ledger.transaction() as session:
         repo.record_publish_progress(session, pipeline_id, sink, last_seq)
 
 
-def pending_bounds(ledger_url: str, pipeline_id: int, sink: str) -> tuple[int, int]:
+def pending_bounds(ledger: Ledger, pipeline_id: int, sink: str) -> tuple[int, int]:
     """(recorded progress, highest outbox sequence) of one sink."""
-    with transaction(ledger_url) as session:
+    with ledger.transaction() as session:
         return repo.publish_bounds(session, pipeline_id, sink)
 
 
-def publish_sink(spec: PipelineSpec, sink: KafkaSink, ledger_url: str, bootstrap_servers: str) -> PublishResult:
+def publish_sink(spec: PipelineSpec, sink: KafkaSink, ledger: Ledger, kafka: KafkaSettings) -> PublishResult:
     """Publish every outbox row of `sink` that the topic does not hold yet; see the module docstring."""
     started = time.monotonic()
-    with transaction(ledger_url) as session:
+    with ledger.transaction() as session:
         pipeline = repo.get_pipeline(session, spec.name)
         pipeline_id = pipeline.id if pipeline else None
     if pipeline_id is None:
         return PublishResult(sink.name, sink.topic, 0, 0, 0, 0, 0.0)
-    with publish_lock(ledger_url, pipeline_id, sink.name):  # one live publisher per sink; see publish_lock
-        return _publish_locked(sink, ledger_url, bootstrap_servers, pipeline_id, started)
+    with publish_lock(ledger.url, pipeline_id, sink.name):  # one live publisher per sink; see publish_lock
+        return _publish_locked(sink, ledger, kafka, pipeline_id, started)
 
 
-def _publish_locked(sink: KafkaSink, ledger_url: str, bootstrap_servers: str, pipeline_id: int,
+def _publish_locked(sink: KafkaSink, ledger: Ledger, kafka: KafkaSettings, pipeline_id: int,
                     started: float) -> PublishResult:
-    progress, highest = pending_bounds(ledger_url, pipeline_id, sink.name)
+    progress, highest = pending_bounds(ledger, pipeline_id, sink.name)
     if progress >= highest:
         # Progress is written only after a Kafka commit, so it never runs ahead of the topic.
         return PublishResult(sink.name, sink.topic, progress, progress, 0, 0, time.monotonic() - started)
@@ -143,7 +143,7 @@ def _publish_locked(sink: KafkaSink, ledger_url: str, bootstrap_servers: str, pi
     run = _PublishRun()
     for attempt in range(1, _FAILOVER_ATTEMPTS + 1):
         try:
-            _publish_session(sink, ledger_url, bootstrap_servers, pipeline_id, highest, run)
+            _publish_session(sink, ledger, kafka, pipeline_id, highest, run)
             break
         except KafkaError as exc:
             if isinstance(exc, ProducerFencedError) or attempt == _FAILOVER_ATTEMPTS:
@@ -158,16 +158,16 @@ def _publish_locked(sink: KafkaSink, ledger_url: str, bootstrap_servers: str, pi
     assert run.resumed_after is not None
     seconds = time.monotonic() - started
     if run.last > run.resumed_after:
-        _record_publish_seconds(ledger_url, pipeline_id, sink.name, run.resumed_after, run.last, seconds)
+        _record_publish_seconds(ledger, pipeline_id, sink.name, run.resumed_after, run.last, seconds)
     return PublishResult(sink.name, sink.topic, run.resumed_after, run.last, run.last - run.resumed_after,
                          run.transactions, seconds)
 
 
-def _record_publish_seconds(ledger_url: str, pipeline_id: int, sink: str, after: int, last: int,
+def _record_publish_seconds(ledger: Ledger, pipeline_id: int, sink: str, after: int, last: int,
                             seconds: float) -> None:
     """Add this publish's seconds to `timings.publish_s` of each batch whose outbox rows it carried (for the
     ledger page's step chart; a publish that carried several batches counts for each)."""
-    with transaction(ledger_url) as session:
+    with ledger.transaction() as session:
         repo.add_publish_seconds(session, pipeline_id, sink, after, last, seconds)
 
 
@@ -179,21 +179,20 @@ class _PublishRun:
     transactions: int = 0
 
 
-def _publish_session(sink: KafkaSink, ledger_url: str, bootstrap_servers: str, pipeline_id: int,
+def _publish_session(sink: KafkaSink, ledger: Ledger, kafka: KafkaSettings, pipeline_id: int,
                      highest: int, run: _PublishRun) -> None:
     """One producer: fence, read the committed tail, send the rest in transactions; `run` keeps count."""
-    producer = KafkaProducer(bootstrap_servers=bootstrap_servers.split(","), transactional_id=sink.transactional_id,
-                             acks="all", linger_ms=5, client_id=f"microbatch-publisher-{sink.name}",
-                             **client_kwargs())
+    producer = clients.producer(kafka, client_id=f"microbatch-publisher-{sink.name}",
+                                transactional_id=sink.transactional_id, acks="all", linger_ms=5)
     try:
         producer.init_transactions()  # fences older producers with this id and aborts their open transaction
-        last = run.last = last_published_seq(bootstrap_servers, sink.topic)
+        last = run.last = last_published_seq(kafka, sink.topic)
         if run.resumed_after is None:
             run.resumed_after = last
         log.info("publish %s: the topic %s holds sequences up to %s (read_committed tail); outbox ends at %s",
                  sink.name, sink.topic, last, highest)
         while True:
-            rows = _pending(ledger_url, pipeline_id, sink.name, last, sink.transaction_size)
+            rows = _pending(ledger, pipeline_id, sink.name, last, sink.transaction_size)
             if not rows:
                 break
             if rows[0][0] != last + 1:
@@ -211,7 +210,7 @@ def _publish_session(sink: KafkaSink, ledger_url: str, bootstrap_servers: str, p
             last = run.last = rows[-1][0]
             run.transactions += 1
             AFTER_COMMIT.hit()
-            _record_progress(ledger_url, pipeline_id, sink.name, last)
+            _record_progress(ledger, pipeline_id, sink.name, last)
             log.info("  transaction %s: sequences %s..%s committed", run.transactions, rows[0][0], last)
             BETWEEN_TRANSACTIONS.hit()
     finally:

@@ -27,7 +27,8 @@ from microbatch.kafka.offsets import (
     source_partitions,
 )
 from microbatch.ledger import repository as repo
-from microbatch.ledger.database import transaction
+from microbatch.ledger.database import Ledger
+from microbatch.settings import KafkaSettings
 from microbatch.types import TopicPartition
 
 Target = Literal["earliest", "latest", "offset", "timestamp"]
@@ -72,26 +73,26 @@ def plan_reset(
     value: str | None,
     topic: str | None,
     partition: int | None,
-    bootstrap_servers: str,
-    ledger_url: str,
+    kafka: KafkaSettings,
+    ledger: Ledger,
 ) -> ResetPlan:
     """Resolve the target on the broker (one topic or the pipeline's, one partition or all) and check it
     against the ledger; nothing is written."""
     check_target(to, value)
     target: Target = to  # type: ignore[assignment]
-    new = _resolve_on_broker(spec, target, value, topic, partition, bootstrap_servers)
-    with transaction(ledger_url) as session:
+    new = _resolve_on_broker(spec, target, value, topic, partition, kafka)
+    with ledger.transaction() as session:
         pipeline = repo.get_pipeline(session, spec.name)
         if pipeline is None:  # never ran: every partition gets its first position
             return ResetPlan(target, new, [ResetMove(tp, None, offset) for tp, offset in sorted(new.items())])
         return ResetPlan(target, new, plan_moves(session, pipeline.id, new))
 
 
-def apply_reset(spec: PipelineSpec, plan: ResetPlan, ledger_url: str, operator: str) -> None:
+def apply_reset(spec: PipelineSpec, plan: ResetPlan, ledger: Ledger, operator: str) -> None:
     """Apply the moves the operator confirmed, exactly once, in one transaction under the pipeline's lock:
     the checks run again (a batch opened since is refused), then each move is a compare-and-set from the
     position that was shown, with its gap and audit row."""
-    with transaction(ledger_url) as session:
+    with ledger.transaction() as session:
         pipeline = repo.ensure_pipeline(session, spec, lock=True)
         plan_moves(session, pipeline.id, {move.tp: move.new for move in plan.moves})
         for move in plan.moves:
@@ -101,9 +102,9 @@ def apply_reset(spec: PipelineSpec, plan: ResetPlan, ledger_url: str, operator: 
 
 def _resolve_on_broker(
     spec: PipelineSpec, target: Target, value: str | None, topic: str | None, partition: int | None,
-    bootstrap_servers: str,
+    kafka: KafkaSettings,
 ) -> dict[TopicPartition, int]:
-    with offsets_client(bootstrap_servers, spec.source.isolation_level) as consumer:
+    with offsets_client(kafka, spec.source.isolation_level) as consumer:
         partitions = [tp for tp in (discover_partitions(consumer, [topic]) if topic
                                     else source_partitions(consumer, spec.source))
                       if partition is None or tp.partition == partition]

@@ -32,11 +32,12 @@ from microbatch.errors import DataLossError, MicrobatchError, SpecError, StageFa
 from microbatch.kafka.offsets import offset_bounds, offsets_client
 from microbatch.kafka.security import spark_client_options
 from microbatch.ledger import repository as repo
-from microbatch.ledger.database import stage_lock, transaction
+from microbatch.ledger.database import Ledger, stage_lock
 from microbatch.ledger.models import OPEN_STATES, Batch, BatchKind, BatchState
 from microbatch.phases.reporting import log_stage_summary
 from microbatch.phases.results import StageResult
 from microbatch.planning import data_loss_at_read, lost_ranges
+from microbatch.settings import KafkaSettings
 from microbatch.sinks.base import Sink
 from microbatch.sinks.registry import sinks_of
 from microbatch.spark_remote import bound_retries, is_closed_session, is_unavailable, shared_session_id, with_session_id
@@ -65,7 +66,7 @@ def load_job(spec: PipelineSpec) -> SparkJob:
 
 
 def kafka_read_options(
-    ranges: list[OffsetRange], bootstrap_servers: str, isolation_level: str, min_partitions: int = 0
+    ranges: list[OffsetRange], kafka: KafkaSettings, isolation_level: str, min_partitions: int = 0
 ) -> dict[str, str]:
     """Options of Spark's Kafka source that read exactly `ranges` and fail on missing offsets."""
     assign: dict[str, list[int]] = {}
@@ -78,7 +79,7 @@ def kafka_read_options(
         starting.setdefault(r.topic, {})[str(r.partition)] = r.start
         ending.setdefault(r.topic, {})[str(r.partition)] = r.end
     options = {
-        "kafka.bootstrap.servers": bootstrap_servers,
+        "kafka.bootstrap.servers": kafka.bootstrap_servers,
         "assign": json.dumps(assign, sort_keys=True),
         "startingOffsets": json.dumps(starting, sort_keys=True),
         "endingOffsets": json.dumps(ending, sort_keys=True),
@@ -121,9 +122,9 @@ def quiet_pooled_group_warning(spark: SparkSession) -> None:
         KAFKA_SOURCE_LOGGER, jvm.org.apache.logging.log4j.Level.ERROR)
 
 
-def jdbc_options(ledger_url: str) -> dict[str, str]:
+def jdbc_options(ledger: Ledger) -> dict[str, str]:
     """pgjdbc options for the ledger database; the password travels only as an option."""
-    url = make_url(ledger_url)
+    url = make_url(ledger.url)
     return {
         "url": f"jdbc:postgresql://{url.host or '127.0.0.1'}:{url.port or 5432}/{url.database}"
         "?reWriteBatchedInserts=true",
@@ -271,12 +272,12 @@ def read_kafka_through_v2(spark: SparkSession) -> None:
 
 
 def stage_batch(
-    spark: SparkSession, spec: PipelineSpec, batch_id: int, ledger_url: str, bootstrap_servers: str
+    spark: SparkSession, spec: PipelineSpec, batch_id: int, ledger: Ledger, kafka: KafkaSettings
 ) -> StageResult | None:
     """Stage one batch under a fresh attempt number; None if the batch is already committed, or was
     staged by a concurrent run while this one waited for it."""
-    with stage_lock(ledger_url, batch_id) as waited:
-        return _stage_locked(spark, spec, batch_id, ledger_url, bootstrap_servers, waited)
+    with stage_lock(ledger.url, batch_id) as waited:
+        return _stage_locked(spark, spec, batch_id, ledger, kafka, waited)
 
 
 @dataclass(frozen=True)
@@ -299,10 +300,10 @@ class _Attempt:
 
 
 def _stage_locked(
-    spark: SparkSession, spec: PipelineSpec, batch_id: int, ledger_url: str, bootstrap_servers: str, waited: bool
+    spark: SparkSession, spec: PipelineSpec, batch_id: int, ledger: Ledger, kafka: KafkaSettings, waited: bool
 ) -> StageResult | None:
     started = time.monotonic()
-    current = _begin_attempt(batch_id, ledger_url, waited)
+    current = _begin_attempt(batch_id, ledger, waited)
     if current is None:
         return None
     log.info("batch %s attempt %s: reading %s range(s)", batch_id, current.attempt, len(current.ranges))
@@ -312,12 +313,12 @@ def _stage_locked(
     job = load_job(spec)
     if not current.ranges:
         raise ValueError(f"batch {batch_id} has no ranges")
-    records = _read_ranges(spark, spec, current.ranges, bootstrap_servers)
+    records = _read_ranges(spark, spec, current.ranges, kafka)
     keep_observed_metrics(spark)
     parsed = job.parse(records, spec.job.options, current.state_before)
-    jdbc = jdbc_options(ledger_url)
+    jdbc = jdbc_options(ledger)
     BEFORE_READ.hit()  # the Spark job below reads Kafka
-    values, rows_by_sink, read_seconds = _stage_outputs(spec, job, parsed, current, jdbc, ledger_url)
+    values, rows_by_sink, read_seconds = _stage_outputs(spec, job, parsed, current, jdbc, ledger)
 
     t_write = time.monotonic()
     dead_count = int(values.get("dead_letters") or 0)
@@ -326,7 +327,7 @@ def _stage_locked(
     write_seconds = time.monotonic() - t_write
     AFTER_WRITE.hit()
 
-    by_partition = _records_by_partition(spark, spec, current, values, bootstrap_servers)
+    by_partition = _records_by_partition(spark, spec, current, values, kafka)
     state_metrics = {name.removeprefix("state_"): v for name, v in values.items() if name.startswith("state_")}
     result = StageResult(
         batch_id=batch_id,
@@ -338,15 +339,15 @@ def _stage_locked(
         state_after=job.next_state(current.state_before, state_metrics, spec.job.options),
         timings={"read_s": round(read_seconds, 3), "stage_write_s": round(write_seconds, 3)},
     )
-    _record_staged(ledger_url, result)
+    _record_staged(ledger, result)
     result.timings["stage_total_s"] = round(time.monotonic() - started, 3)
     AFTER_STAGED.hit()
     return result
 
 
-def _begin_attempt(batch_id: int, ledger_url: str, waited: bool) -> _Attempt | None:
+def _begin_attempt(batch_id: int, ledger: Ledger, waited: bool) -> _Attempt | None:
     """Take a new attempt number for the batch; None if there is nothing to stage."""
-    with transaction(ledger_url) as session:
+    with ledger.transaction() as session:
         batch = repo.get_batch(session, batch_id)
         if batch.state == BatchState.COMMITTED.value:
             log.info("batch %s is already committed; nothing to stage (a retry after a commit is a no-op)", batch_id)
@@ -387,7 +388,7 @@ def _state_before(session: Session, batch: Batch) -> dict[str, Any]:
 
 
 def _records_by_partition(
-    spark: SparkSession, spec: PipelineSpec, current: _Attempt, values: Mapping[str, Any], bootstrap_servers: str
+    spark: SparkSession, spec: PipelineSpec, current: _Attempt, values: Mapping[str, Any], kafka: KafkaSettings
 ) -> dict[str, int]:
     """The exact records read per source partition (`records_read`), counted in a second read of the same
     ranges when the pass had holes and no per-partition counters."""
@@ -398,7 +399,7 @@ def _records_by_partition(
     if exact is not None:
         return exact
     started = time.monotonic()
-    rows = _kafka_records(spark, spec, current.ranges, bootstrap_servers).groupBy("topic", "partition").count()
+    rows = _kafka_records(spark, spec, current.ranges, kafka).groupBy("topic", "partition").count()
     again = {str(TopicPartition(row["topic"], row["partition"])): int(row["count"]) for row in rows.collect()}
     exact = records_read(observed, planned, again)
     assert exact is not None
@@ -409,12 +410,12 @@ def _records_by_partition(
 
 
 def _kafka_records(
-    spark: SparkSession, spec: PipelineSpec, ranges: list[OffsetRange], bootstrap_servers: str
+    spark: SparkSession, spec: PipelineSpec, ranges: list[OffsetRange], kafka: KafkaSettings
 ) -> DataFrame:
     """Spark's Kafka source over exactly `ranges`."""
     read_options = kafka_read_options(
-        ranges, bootstrap_servers, spec.source.isolation_level, spec.source.min_spark_partitions)
-    security = spark_client_options()
+        ranges, kafka, spec.source.isolation_level, spec.source.min_spark_partitions)
+    security = spark_client_options(kafka.security)
     read_kafka_through_v2(spark)  # before load(): the reader picks the V1 or V2 source there
     # The pooled group id hashes the client settings; with credentials among them it would leak a hash
     # of a secret into the broker's logs, so a secured cluster keeps Spark's fresh group id per query.
@@ -423,10 +424,10 @@ def _kafka_records(
 
 
 def _read_ranges(
-    spark: SparkSession, spec: PipelineSpec, ranges: list[OffsetRange], bootstrap_servers: str
+    spark: SparkSession, spec: PipelineSpec, ranges: list[OffsetRange], kafka: KafkaSettings
 ) -> DataFrame:
     """Spark's Kafka source over exactly `ranges` (with the `stage.read` failpoint when it is set)."""
-    records = _kafka_records(spark, spec, ranges, bootstrap_servers)
+    records = _kafka_records(spark, spec, ranges, kafka)
     arming = READ.arming()  # decided here, in the driver or the Connect client, when the plan is built
     if arming is not None:
         records = _crash_after_records(records, arming, failpoints.env_marker_dir())
@@ -435,7 +436,7 @@ def _read_ranges(
 
 def _stage_outputs(
     spec: PipelineSpec, job: SparkJob, parsed: DataFrame, current: _Attempt, jdbc: Mapping[str, str],
-    ledger_url: str,
+    ledger: Ledger,
 ) -> tuple[dict[str, Any], dict[str, int], float]:
     """Write the job's output for every sink that stages rows, observing the read's metrics on the way:
     (observed metrics, rows staged per sink, seconds)."""
@@ -462,7 +463,7 @@ def _stage_outputs(
         assert sink.staging is not None
         if sink.writes_in_stage:
             rows = _sink_rows(spec, sink, outputs[sink.name]).select(*sink.staging.columns)
-            rows_by_sink[sink.name] = _write_in_stage(spec, sink, rows, current, ledger_url)
+            rows_by_sink[sink.name] = _write_in_stage(spec, sink, rows, current, ledger)
             continue
         out = _sink_rows(spec, sink, outputs[sink.name]).select(*tag, *sink.staging.columns)
         counted = Observation(f"batch_{current.batch_id}_{current.attempt}_{sink.name}")
@@ -477,10 +478,10 @@ def _stage_outputs(
     return values, rows_by_sink, read_seconds
 
 
-def _write_in_stage(spec: PipelineSpec, sink: Sink, rows: DataFrame, current: _Attempt, ledger_url: str) -> int:
+def _write_in_stage(spec: PipelineSpec, sink: Sink, rows: DataFrame, current: _Attempt, ledger: Ledger) -> int:
     """Let a lakehouse sink write the batch into its table as one idempotent table commit, unless this attempt is
     no longer the batch's current one, and record in the ledger which version holds it."""
-    with transaction(ledger_url) as session:
+    with ledger.transaction() as session:
         batch = repo.get_batch(session, current.batch_id)
         if batch.attempt != current.attempt or batch.state != BatchState.PLANNED.value:
             raise ZombieAttemptError(
@@ -496,7 +497,7 @@ def _write_in_stage(spec: PipelineSpec, sink: Sink, rows: DataFrame, current: _A
              "wrote" if written.wrote else f"found (written by attempt {written.attempt})", written.rows,
              written.version, written.location, time.monotonic() - started)
     AFTER_LAKE_COMMIT.hit()
-    with transaction(ledger_url) as session:
+    with ledger.transaction() as session:
         sink.record_stage_write(session, pipeline_id, current.batch_id, current.attempt, written)
     return written.rows
 
@@ -565,7 +566,7 @@ def _stage_bad_records(
     bad.unpersist()
 
 
-def _record_staged(ledger_url: str, result: StageResult) -> None:
+def _record_staged(ledger: Ledger, result: StageResult) -> None:
     """Record `staged(attempt, counts, state_after)` on the batch row: the commit checks the staged rows
     against these counts."""
     counts = {
@@ -575,7 +576,7 @@ def _record_staged(ledger_url: str, result: StageResult) -> None:
         "dead_letters": result.dead_letters,
         "late_records": result.late_records,
     }
-    with transaction(ledger_url) as session:
+    with ledger.transaction() as session:
         repo.record_staged(session, result.batch_id, result.attempt, counts, result.state_after, result.timings)
 
 
@@ -585,21 +586,21 @@ def is_data_loss(exc: BaseException) -> bool:
     return "KAFKA_DATA_LOSS" in text or "failOnDataLoss" in text or "data may have been lost" in text
 
 
-def data_loss_error(spec: PipelineSpec, batch_id: int, ledger_url: str, bootstrap: str) -> DataLossError:
+def data_loss_error(spec: PipelineSpec, batch_id: int, ledger: Ledger, kafka: KafkaSettings) -> DataLossError:
     """Spark refused to read offsets that retention deleted after plan: name the lost ranges in one sentence,
     and keep the error on the batch row for `microbatch history`."""
-    with transaction(ledger_url) as session:
+    with ledger.transaction() as session:
         ranges = repo.batch_ranges(session, batch_id)
-    with offsets_client(bootstrap, spec.source.isolation_level) as consumer:
+    with offsets_client(kafka, spec.source.isolation_level) as consumer:
         earliest, _ = offset_bounds(consumer, sorted({r.tp for r in ranges}))
     error = data_loss_at_read(batch_id, lost_ranges(ranges, earliest) or ranges, spec.source.on_data_loss)
-    with transaction(ledger_url) as session:
+    with ledger.transaction() as session:
         repo.record_failure(session, batch_id, str(error))
     return error
 
 
 def stage_batches(
-    spark: SparkSession, spec: PipelineSpec, batch_ids: list[int], ledger_url: str, bootstrap_servers: str,
+    spark: SparkSession, spec: PipelineSpec, batch_ids: list[int], ledger: Ledger, kafka: KafkaSettings,
     log: logging.Logger = log,
 ) -> list[StageResult]:
     """Stage each batch in turn on one Spark session (spark-submit or Spark Connect) and log its summary.
@@ -609,10 +610,10 @@ def stage_batches(
     results = []
     for batch_id in batch_ids:
         try:
-            result = stage_batch(spark, spec, batch_id, ledger_url, bootstrap_servers)
+            result = stage_batch(spark, spec, batch_id, ledger, kafka)
         except Exception as exc:
             if is_data_loss(exc):
-                raise data_loss_error(spec, batch_id, ledger_url, bootstrap_servers) from None
+                raise data_loss_error(spec, batch_id, ledger, kafka) from None
             if isinstance(exc, MicrobatchError | OperationalError) or is_unavailable(exc):
                 raise
             log.info("trace of the failure of batch %s:", batch_id, exc_info=True)
