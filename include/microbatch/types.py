@@ -146,3 +146,19 @@ class PlanningLedger:
     positions: Mapping[TopicPartition, int]
     waited_seconds: float
     """Seconds since the pipeline's last batch was planned (or since its row was created)."""
+
+
+@dataclass(frozen=True)
+class StageStart:
+    """What the stage reads and takes from the ledger as it begins an attempt at a batch (under its stage lock)."""
+
+    state: str
+    """The batch's state when it was read."""
+    staged_attempt: int | None
+    attempt: int | None
+    """The attempt this stage took; None when there is nothing to stage (see `state`)."""
+    ranges: list[OffsetRange] = field(default_factory=list)
+    state_before: dict = field(default_factory=dict)
+    """The pipeline state the batch starts from, fixed as the attempt begins."""
+    holes: bool = False
+    """The pipeline's last read had holes (transaction markers): count per partition in the same pass."""

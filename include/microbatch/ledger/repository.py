@@ -46,6 +46,7 @@ from microbatch.types import (
     OpenBatch,
     Plan,
     PlanningLedger,
+    StageStart,
     TopicPartition,
 )
 
@@ -274,6 +275,44 @@ def begin_attempt(session: Session, batch_id: int) -> int | None:
         .values(attempt=Batch.attempt + 1, state=BatchState.PLANNED.value, staged_attempt=None, error=None)
         .returning(Batch.attempt)
     ).scalar_one_or_none()
+
+
+def begin_stage(session: Session, batch_id: int, *, waited: bool) -> StageStart:
+    """Read the batch and take its next attempt number, with the ranges it reads and the state it starts from;
+    no attempt (`StageStart.attempt` None) if the batch is committed, no longer open, or (after `waited` for the
+    stage lock) staged by a concurrent run."""
+    batch = get_batch(session, batch_id)
+    if batch.state == BatchState.COMMITTED.value or (waited and batch.state == BatchState.STAGED.value):
+        return StageStart(batch.state, batch.staged_attempt, None)
+    state_before = _stage_state_before(session, batch) if batch.state in OPEN_STATES else {}
+    attempt = begin_attempt(session, batch_id)
+    if attempt is None:
+        return StageStart(batch.state, batch.staged_attempt, None)
+    # A pipeline whose last read had holes (a transactional producer's markers) counts per partition in the
+    # same pass; any other counts them only if this read turns out to have holes (`records_read`).
+    holes = last_read_had_holes(session, batch.pipeline_id, batch_id)
+    return StageStart(batch.state, batch.staged_attempt, attempt, batch_ranges(session, batch_id), state_before,
+                      holes)
+
+
+def _stage_state_before(session: Session, batch: Batch) -> dict[str, Any]:
+    """The pipeline state a scheduled batch starts from, fixed when its attempt begins: the state after the open
+    batch planned before it in the same run (which this stage staged first), or else the pipeline's committed
+    state. A backfill batch keeps the state it was planned with."""
+    if batch.kind != BatchKind.SCHEDULED.value:
+        return dict(batch.state_before or {})
+    before = open_predecessor(session, batch)
+    if before is None:
+        state = pipeline_state(session, batch.pipeline_id)
+    elif before.state == BatchState.STAGED.value and before.staged_attempt == before.attempt:
+        state = dict(before.state_after or {})
+    else:
+        raise MicrobatchError(
+            f"Batch {batch.id} starts where batch {before.id} ends, and batch {before.id} is not staged yet.",
+            fix=f"Stage batch {before.id} first: the stage task stages a run's batches in order.",
+        )
+    batch.state_before = state
+    return state
 
 
 def record_staged(

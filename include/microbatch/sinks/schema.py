@@ -51,15 +51,28 @@ def sink_metadata(spec: PipelineSpec) -> sa.MetaData:
 
 def metadata_of(spec: PipelineSpec, sinks: Mapping[str, Sink]) -> sa.MetaData:
     """`sink_metadata` of the spec's `sinks` (`registry.sinks_of`)."""
+    metadata, by_sink = _tables_by_sink(sinks)
+    _refuse_long_names(spec, sinks, by_sink)
+    return metadata
+
+
+def _tables_by_sink(sinks: Mapping[str, Sink]) -> tuple[sa.MetaData, dict[str, list[sa.Table]]]:
+    """Every sink's tables, built once into one MetaData, and which sink defines which."""
     metadata = sa.MetaData()
-    for sink in sinks.values():
-        for table in sink.tables(metadata):
+    by_sink: dict[str, list[sa.Table]] = {}
+    for name, sink in sinks.items():
+        by_sink[name] = list(sink.tables(metadata))
+    return metadata, by_sink
+
+
+def _refuse_long_names(spec: PipelineSpec, sinks: Mapping[str, Sink], by_sink: Mapping[str, list[sa.Table]]) -> None:
+    for name, tables in by_sink.items():
+        for table in tables:
             names = [table.name, *(i.name for i in table.indexes), *(c.name for c in table.constraints)]
             too_long = next((n for n in names if isinstance(n, str) and len(n) > _MAX_NAME), None)
             if too_long:  # Postgres would cut it short, and the comparison would never match
-                raise SpecError(f"{spec.name}: sink '{sink.name}' needs the name {too_long}, longer than Postgres's "
-                                f"{_MAX_NAME} characters; give the sink a shorter table name.")
-    return metadata
+                raise SpecError(f"{spec.name}: sink '{sinks[name].name}' needs the name {too_long}, longer than "
+                                f"Postgres's {_MAX_NAME} characters; give the sink a shorter table name.")
 
 
 def declared_tables(sinks: Mapping[str, Sink]) -> set[str]:
@@ -69,12 +82,11 @@ def declared_tables(sinks: Mapping[str, Sink]) -> set[str]:
 
 def required_tables(spec: PipelineSpec) -> list[str]:
     """Tables a sink uses but does not define (no `columns` in its spec): they must already exist."""
-    return required_of(spec, sinks_of(spec))
+    return _undeclared(spec, declared_tables(sinks_of(spec)))
 
 
-def required_of(spec: PipelineSpec, sinks: Mapping[str, Sink]) -> list[str]:
-    """`required_tables` of the spec's `sinks` (`registry.sinks_of`)."""
-    declared = declared_tables(sinks)
+def _undeclared(spec: PipelineSpec, declared: set[str]) -> list[str]:
+    """The tables the spec's sinks name that are not among the `declared` ones (`required_tables`)."""
     names: list[str] = []
     for sink_spec in spec.sinks:
         for attribute in ("table", "staging_table", "contributions_table"):
@@ -248,9 +260,12 @@ def check(connection: sa.Connection, spec: PipelineSpec) -> None:
 
 
 def check_sinks(connection: sa.Connection, spec: PipelineSpec, sinks: Mapping[str, Sink]) -> None:
-    """`check` of the spec's `sinks` (`registry.sinks_of`), each lakehouse table included."""
-    _require(connection, spec, sinks)
-    changes = plan_changes(connection, metadata_of(spec, sinks))
+    """`check` of the spec's `sinks` (`registry.sinks_of`), each lakehouse table included. Each sink's tables are
+    built once, for both the tables it must find and the comparison."""
+    metadata, by_sink = _tables_by_sink(sinks)
+    _require(connection, spec, {table.name for tables in by_sink.values() for table in tables})
+    _refuse_long_names(spec, sinks, by_sink)
+    changes = plan_changes(connection, metadata)
     if changes.refused:
         raise SpecError(f"{spec.name}: {changes.refused[0]}.")
     created = [line.removeprefix("create table ") for line in changes.additive if line.startswith("create table ")]
@@ -264,9 +279,9 @@ def check_sinks(connection: sa.Connection, spec: PipelineSpec, sinks: Mapping[st
         sink.check_lake(spec)
 
 
-def _require(connection: sa.Connection, spec: PipelineSpec, sinks: Mapping[str, Sink]) -> None:
+def _require(connection: sa.Connection, spec: PipelineSpec, declared: set[str]) -> None:
     inspector = sa.inspect(connection)
-    for name in required_of(spec, sinks):
+    for name in _undeclared(spec, declared):
         if not inspector.has_table(name):
             raise SpecError(
                 f"{spec.name}: sink table {name} does not exist and the spec declares no columns to create it from; "
