@@ -1,9 +1,11 @@
 """The plan phase: read the ledger and the broker, decide the next batch, insert it.
 
-The decision itself is the pure `planning.plan_batch` (and `planning.follow_on_plans` for the further batches of
-a run under `source.max_batches_per_run`); this module only does the I/O around it. The pipeline row is locked
-FOR UPDATE, so two planners never race, and open batches are always reused: a retry never plans new ranges while
-an earlier batch is open.
+The decision itself is the pure `planning.plan_run` (`plan_batch`, and `follow_on_plans` for the further batches
+of a run under `source.max_batches_per_run`); this module only does the I/O around it, one call each: the sinks
+and the transform are checked, the ledger's positions read, the broker asked (`offsets.read_source`), the ledger
+read under the pipeline's lock, the planner decides, and the ledger records the decision in the same transaction.
+The pipeline row is locked FOR UPDATE, so two planners never race, and open batches are always reused: a retry
+never plans new ranges while an earlier batch is open.
 """
 
 from __future__ import annotations
