@@ -14,23 +14,18 @@ from itertools import pairwise
 
 from microbatch.config import OffsetReset, OnDataLoss, SourceSpec, Startup
 from microbatch.errors import DataLossError, SpecError
-from microbatch.types import CommittedRange, Gap, OffsetRange, Plan, StartupOffsets, TopicPartition
-
-
-def needs_group_offsets(source: SourceSpec, new_partitions: Iterable[TopicPartition]) -> bool:
-    """Whether resolving the new partitions of a first plan needs the takeover group's committed offsets."""
-    mode = source.startup.mode
-    if mode is Startup.GROUP_OFFSETS:
-        return any(True for _ in new_partitions)
-    if mode is Startup.SPECIFIC_OFFSETS:
-        listed = source.startup.specific_offsets
-        return any((tp.topic, tp.partition) not in listed for tp in new_partitions)
-    return False
-
-
-def needs_offsets_for_time(source: SourceSpec, new_partitions: Iterable[TopicPartition]) -> bool:
-    """Whether resolving the new partitions needs offsets-for-times."""
-    return source.startup.mode is Startup.TIMESTAMP and any(True for _ in new_partitions)
+from microbatch.types import (
+    BackfillBatch,
+    BackfillLedger,
+    CommittedRange,
+    Gap,
+    OffsetRange,
+    OpenBatch,
+    Plan,
+    PlanningLedger,
+    StartupOffsets,
+    TopicPartition,
+)
 
 
 def check_specific_offsets(source: SourceSpec, discovered: Iterable[TopicPartition]) -> None:
@@ -295,6 +290,44 @@ def follow_on_plans(first: Plan, latest: Mapping[TopicPartition, int], source: S
     return plans
 
 
+@dataclass
+class RunPlan:
+    """What one plan does: the open batches it runs again, or the new plans (the first one and its follow-ons) it
+    inserts; and, under `on_data_loss: skip`, the open batch from which retention ran ahead (it and every open batch
+    after it are abandoned)."""
+
+    reused: list[OpenBatch]
+    plan: Plan | None
+    plans: list[Plan]
+    abandon_from: tuple[int, str] | None = None
+    """(batch id, why) of the first open batch to abandon."""
+
+
+def plan_run(ledger: PlanningLedger, earliest: Mapping[TopicPartition, int], latest: Mapping[TopicPartition, int],
+             source: SourceSpec, looked_up: StartupOffsets) -> RunPlan:
+    """Reuse the open batches, oldest first, or plan new ones (`plan_batch`, `follow_on_plans`).
+
+    If retention deleted part of a planned open batch, under `fail` that raises (DataLossError); under `skip` that
+    batch and every open batch after it (each starts where the one before ends) are to be abandoned, the batches
+    before it are still reused, and when none is, the fresh plan records the gap."""
+    reused: list[OpenBatch] = []
+    abandon_from = None
+    for batch in ledger.open_batches:
+        lost = lost_ranges(batch.ranges, earliest) if batch.planned else []
+        if lost:
+            error = data_loss_at_read(batch.batch_id, lost, source.on_data_loss)
+            if source.on_data_loss is OnDataLoss.FAIL:
+                raise error
+            abandon_from = (batch.batch_id, error.message)
+            break
+        reused.append(batch)
+    if reused:
+        return RunPlan(reused, None, [], abandon_from)
+    plan = plan_batch(ledger.positions, earliest, latest, source, looked_up, ledger.waited_seconds)
+    plans = [plan, *follow_on_plans(plan, latest, source)] if plan.ranges or plan.gaps else []
+    return RunPlan([], plan, plans, abandon_from)
+
+
 def lost_ranges(ranges: Iterable[OffsetRange], earliest: Mapping[TopicPartition, int]) -> list[OffsetRange]:
     """The parts of planned ranges that retention has deleted since they were planned (start below earliest)."""
     return [
@@ -469,3 +502,58 @@ def layers(ranges: list[OffsetRange]) -> list[list[OffsetRange]]:
         else:
             groups.append([r])
     return groups
+
+
+@dataclass
+class BackfillPlan:
+    """What a backfill will do: its fill or replay plan, and the batches to insert (one per layer or per replayed
+    batch)."""
+
+    fill: FillPlan
+    replay: ReplayPlan | None
+    batches: list[BackfillBatch]
+
+
+def plan_backfill_batches(pipeline: str, mode: str, requests: list[OffsetRange], ledger: BackfillLedger, *,
+                          whole_batches: bool) -> BackfillPlan:
+    """Plan a `fill` or a `replay` of `requests` over what the ledger holds. Refused (SpecError, before anything is
+    written) when a replayed range was never committed, a range overlaps a batch still open, or a replayed batch
+    kept no per-partition contributions."""
+    if mode != "replay":
+        fill = plan_fill(requests, ledger.committed, ledger.positions)
+        refuse_open_overlaps(pipeline, fill.todo, ledger.open_ranges)
+        return BackfillPlan(fill, None, [BackfillBatch(tuple(group)) for group in layers(fill.todo)])
+    replay = plan_replay(requests, ledger.committed_rows, whole_batches=whole_batches)
+    if replay.never_committed:
+        first = replay.never_committed[0]
+        raise SpecError(
+            f"Backfill mode 'replay': {first} was never committed, so there is nothing to replay"
+            f"{f' (and {len(replay.never_committed) - 1} more range(s))' if len(replay.never_committed) > 1 else ''}.",
+            fix="Narrow the range to committed offsets (`microbatch history`), or use mode 'fill' for these.",
+        )
+    refuse_open_overlaps(pipeline, [c.range for c in replay.replace], ledger.open_ranges)
+    groups = replay.by_batch()
+    missing = [batch_id for batch_id in ledger.without_contributions if batch_id in groups]
+    if missing:
+        raise SpecError(
+            f"Backfill mode 'replay': batch {missing[0]} was committed before per-partition contributions were "
+            "kept (migration 0005), so its output cannot be retracted.",
+            fix="Replay only ranges committed since that upgrade (`microbatch history`).",
+        )
+    batches = [BackfillBatch(tuple(c.range for c in replaced), original_id, tuple(c.range_id for c in replaced))
+               for original_id, replaced in groups.items()]
+    return BackfillPlan(FillPlan(), replay, batches)
+
+
+def refuse_open_overlaps(
+    pipeline: str, ranges: list[OffsetRange], open_ranges: list[tuple[int, str, OffsetRange]]
+) -> None:
+    """Refuse (SpecError) a backfill range that overlaps a batch still open."""
+    clash = open_overlaps(ranges, open_ranges)
+    if clash:
+        r, batch_id, state = clash[0]
+        raise SpecError(
+            f"Backfill range {r} overlaps batch {batch_id}, which is still {state}; nothing was written.",
+            fix=f"Retry when batch {batch_id} has ended; if the run that owns it is gone, close it with "
+            f"`microbatch abandon {pipeline} {batch_id}`.",
+        )

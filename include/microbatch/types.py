@@ -102,3 +102,63 @@ class CommittedRange:
     range_id: int
     batch_id: int
     range: OffsetRange
+
+
+@dataclass(frozen=True)
+class BackfillLedger:
+    """What a backfill reads from the ledger before it plans, in one transaction (under the pipeline's lock)."""
+
+    positions: Mapping[TopicPartition, int]
+    committed: list[OffsetRange]
+    committed_rows: list[CommittedRange]
+    """Replay only: the committed ranges with their row and batch ids."""
+    open_ranges: list[tuple[int, str, OffsetRange]]
+    """(batch id, state, range) of every batch still open."""
+    without_contributions: list[int]
+    """Replay only: the committed batches whose per-partition contributions were not kept, ascending."""
+
+
+@dataclass(frozen=True)
+class BackfillBatch:
+    """One batch a backfill inserts: its ranges and, for a replay, the batch it replays and the range rows it
+    replaces."""
+
+    ranges: tuple[OffsetRange, ...]
+    original: int | None = None
+    replaces: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class OpenBatch:
+    """A scheduled batch still open (planned or staged), with its ranges: the plan runs it again."""
+
+    batch_id: int
+    planned: bool
+    """Not staged yet: only then can retention have deleted offsets it has still to read."""
+    ranges: list[OffsetRange]
+
+
+@dataclass(frozen=True)
+class PlanningLedger:
+    """What the plan reads from the ledger in one transaction, under the pipeline's lock."""
+
+    open_batches: list[OpenBatch]
+    positions: Mapping[TopicPartition, int]
+    waited_seconds: float
+    """Seconds since the pipeline's last batch was planned (or since its row was created)."""
+
+
+@dataclass(frozen=True)
+class StageStart:
+    """What the stage reads and takes from the ledger as it begins an attempt at a batch (under its stage lock)."""
+
+    state: str
+    """The batch's state when it was read."""
+    staged_attempt: int | None
+    attempt: int | None
+    """The attempt this stage took; None when there is nothing to stage (see `state`)."""
+    ranges: list[OffsetRange] = field(default_factory=list)
+    state_before: dict = field(default_factory=dict)
+    """The pipeline state the batch starts from, fixed as the attempt begins."""
+    holes: bool = False
+    """The pipeline's last read had holes (transaction markers): count per partition in the same pass."""

@@ -8,12 +8,11 @@ import yaml
 
 from microbatch.config import PIPELINES_DIR, OnDataLoss, SourceSpec, Startup, load_spec
 from microbatch.errors import DataLossError, SpecError
+from microbatch.kafka.offsets import needs_group_offsets, needs_offsets_for_time
 from microbatch.planning import (
     data_loss_at_read,
     defer_reason,
     lost_ranges,
-    needs_group_offsets,
-    needs_offsets_for_time,
     plan_batch,
     plan_ranges,
     spark_splits,

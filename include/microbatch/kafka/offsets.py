@@ -12,17 +12,19 @@ import socket
 import time
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
+from datetime import UTC, datetime
+from typing import Literal
 
 from kafka import KafkaConsumer, OffsetAndMetadata
 from kafka import TopicPartition as KafkaTopicPartition
 from kafka.errors import KafkaConfigurationError, KafkaError
 
 from microbatch import failpoints
-from microbatch.config import SourceSpec
+from microbatch.config import SourceSpec, Startup
 from microbatch.errors import ConnectionSettingsError, MicrobatchError, SpecError, TransientServiceError
 from microbatch.kafka import clients
 from microbatch.settings import KafkaSettings
-from microbatch.types import StartupOffsets, TopicPartition
+from microbatch.types import OffsetRange, StartupOffsets, TopicPartition
 
 log = logging.getLogger(__name__)
 _TIMEOUT_MS = 20_000
@@ -137,6 +139,53 @@ def discover_source(
     return found, missing
 
 
+def read_source(
+    kafka: KafkaSettings,
+    source: SourceSpec,
+    known: Mapping[TopicPartition, int],
+    *,
+    group_id: str,
+    failpoint: failpoints.Point | None = None,
+) -> tuple[dict[TopicPartition, int], dict[TopicPartition, int], StartupOffsets]:
+    """Every lookup a plan makes on the broker, on one client: discover the partitions, read their earliest and
+    latest offsets, and what the startup mode needs for partitions the ledger has never seen (`known`: the
+    ledger's positions; the startup modes apply on the first plan only). A listed topic that is missing and was
+    never read is a SpecError. `failpoint` names a test hold point between the two offset lookups."""
+    with offsets_client(kafka, source.isolation_level) as consumer:
+        partitions, missing = discover_source(consumer, source.topics or (), source.topic_pattern)
+        earliest, latest = (offset_bounds(consumer, partitions, failpoint=failpoint) if partitions
+                            else ({}, {}))
+        unknown = [topic for topic in missing if topic not in {tp.topic for tp in known}]
+        if unknown:
+            raise SpecError(
+                f"Topic '{unknown[0]}' does not exist on the Kafka cluster.",
+                fix="Create it, or fix source.topics in the pipeline spec.",
+            )
+        new = [tp for tp in partitions if tp not in known] if not known else []  # startup modes: first plan only
+        looked_up = startup_lookups(
+            kafka, consumer, new,
+            group_id=group_id if needs_group_offsets(source, new) else None,
+            timestamp_ms=source.startup.timestamp if needs_offsets_for_time(source, new) else None,
+        )
+    return earliest, latest, looked_up
+
+
+def needs_group_offsets(source: SourceSpec, new_partitions: Iterable[TopicPartition]) -> bool:
+    """Whether resolving the new partitions of a first plan needs the takeover group's committed offsets."""
+    mode = source.startup.mode
+    if mode is Startup.GROUP_OFFSETS:
+        return any(True for _ in new_partitions)
+    if mode is Startup.SPECIFIC_OFFSETS:
+        listed = source.startup.specific_offsets
+        return any((tp.topic, tp.partition) not in listed for tp in new_partitions)
+    return False
+
+
+def needs_offsets_for_time(source: SourceSpec, new_partitions: Iterable[TopicPartition]) -> bool:
+    """Whether resolving the new partitions needs offsets-for-times."""
+    return source.startup.mode is Startup.TIMESTAMP and any(True for _ in new_partitions)
+
+
 def startup_lookups(
     kafka: KafkaSettings,
     consumer: KafkaConsumer,
@@ -194,6 +243,95 @@ def read_group_offsets(kafka: KafkaSettings, group_id: str) -> dict[TopicPartiti
         for ktp, meta in answer.get(group_id, {}).items()
         if meta is not None and meta.offset is not None and meta.offset >= 0
     }
+
+
+TimeOffsets = dict[TopicPartition, int | None]
+
+
+def requested_ranges(
+    kafka: KafkaSettings,
+    isolation_level: str,
+    topic: str,
+    partitions: list[int] | Literal["all"],
+    start: int | datetime,
+    end: int | datetime | Literal["latest"],
+) -> list[OffsetRange]:
+    """A backfill's request as one offset range per partition, every lookup it needs made on one client: the
+    wanted partitions, their earliest and latest offsets, and times resolved to offsets. Refused (SpecError) for a
+    partition that does not exist, an end beyond the latest offset, a start before the earliest offset Kafka
+    still holds, or a start time after every record of the topic."""
+    with offsets_client(kafka, isolation_level) as consumer:
+        wanted = _wanted_partitions(consumer, topic, partitions)
+        earliest, latest = offset_bounds(consumer, wanted)
+        starts, ends = _resolve_times(consumer, start, end, wanted)
+    bounds: dict[TopicPartition, tuple[int, int]] = {}
+    for tp in wanted:
+        first, last = _partition_bounds(start, end, tp, latest[tp], starts, ends)
+        if first < earliest[tp] and first < last:
+            raise SpecError(
+                f"Backfill range {tp} [{first}, {last}) starts before the earliest offset Kafka still holds "
+                f"({earliest[tp]}): those records were deleted by retention.",
+                fix=f"Start at {earliest[tp]} or later.",
+            )
+        bounds[tp] = (first, last)
+    if starts is not None and wanted and all(starts[tp] is None for tp in wanted):
+        raise SpecError(
+            f"Backfill parameter 'start': no record of {topic} has a timestamp at or after "
+            f"{start}, so the time resolves to no offset.",
+            fix="Pick an earlier start time, or give offsets.",
+        )
+    return [OffsetRange(tp.topic, tp.partition, s, e) for tp, (s, e) in sorted(bounds.items()) if e > s]
+
+
+def _wanted_partitions(
+    consumer: KafkaConsumer, topic: str, partitions: list[int] | Literal["all"]
+) -> list[TopicPartition]:
+    known = discover_partitions(consumer, [topic])
+    wanted = known if partitions == "all" else [TopicPartition(topic, p) for p in partitions]
+    unknown = sorted(set(wanted) - set(known))
+    if unknown:
+        raise SpecError(
+            f"Backfill parameter 'partitions': {', '.join(str(tp) for tp in unknown)} does not exist.",
+            fix=f"{topic} has partitions 0..{len(known) - 1}.",
+        )
+    return wanted
+
+
+def _resolve_times(
+    consumer: KafkaConsumer, start: int | datetime, end: int | datetime | Literal["latest"],
+    wanted: list[TopicPartition],
+) -> tuple[TimeOffsets | None, TimeOffsets | None]:
+    """The offsets of a time range's start and end (None for an offset range, and for end 'latest')."""
+    if not isinstance(start, datetime):
+        return None, None
+    starts = offsets_for_time(consumer, wanted, epoch_ms(start))
+    if end == "latest":
+        return starts, None
+    return starts, offsets_for_time(consumer, wanted, epoch_ms(end))  # type: ignore[arg-type]
+
+
+def _partition_bounds(
+    start: int | datetime, end: int | datetime | Literal["latest"], tp: TopicPartition, latest: int,
+    starts: TimeOffsets | None, ends: TimeOffsets | None,
+) -> tuple[int, int]:
+    """[start, end) of one partition; a time with no record at or after it resolves to the latest offset."""
+    if starts is not None:
+        first = starts[tp]
+        last = None if ends is None else ends[tp]
+        return (latest if first is None else first), (latest if last is None else last)
+    first = int(start)  # type: ignore[arg-type]
+    last = latest if end == "latest" else int(end)  # type: ignore[arg-type]
+    if last > latest:
+        raise SpecError(
+            f"Backfill parameter 'end': {last} is beyond the latest offset of {tp} ({latest}).",
+            fix="Use an end at or below it, or end 'latest' to go up to each partition's end.",
+        )
+    return first, last
+
+
+def epoch_ms(value: datetime) -> int:
+    """Kafka timestamps are epoch milliseconds; a time without a zone is taken as UTC."""
+    return int((value if value.tzinfo else value.replace(tzinfo=UTC)).timestamp() * 1000)
 
 
 def offset_bounds(

@@ -7,6 +7,7 @@ reset moves one on the record (`reset_position`)."""
 
 from __future__ import annotations
 
+import time
 from datetime import datetime
 from typing import Any
 
@@ -36,7 +37,18 @@ from microbatch.ledger.models import (
     PublishProgress,
     Range,
 )
-from microbatch.types import CommittedRange, Gap, OffsetRange, Plan, TopicPartition
+from microbatch.types import (
+    BackfillBatch,
+    BackfillLedger,
+    CommittedRange,
+    Gap,
+    OffsetRange,
+    OpenBatch,
+    Plan,
+    PlanningLedger,
+    StageStart,
+    TopicPartition,
+)
 
 
 def ensure_pipeline(session: Session, spec: PipelineSpec, *, lock: bool = False) -> Pipeline:
@@ -265,6 +277,44 @@ def begin_attempt(session: Session, batch_id: int) -> int | None:
     ).scalar_one_or_none()
 
 
+def begin_stage(session: Session, batch_id: int, *, waited: bool) -> StageStart:
+    """Read the batch and take its next attempt number, with the ranges it reads and the state it starts from;
+    no attempt (`StageStart.attempt` None) if the batch is committed, no longer open, or (after `waited` for the
+    stage lock) staged by a concurrent run."""
+    batch = get_batch(session, batch_id)
+    if batch.state == BatchState.COMMITTED.value or (waited and batch.state == BatchState.STAGED.value):
+        return StageStart(batch.state, batch.staged_attempt, None)
+    state_before = _stage_state_before(session, batch) if batch.state in OPEN_STATES else {}
+    attempt = begin_attempt(session, batch_id)
+    if attempt is None:
+        return StageStart(batch.state, batch.staged_attempt, None)
+    # A pipeline whose last read had holes (a transactional producer's markers) counts per partition in the
+    # same pass; any other counts them only if this read turns out to have holes (`records_read`).
+    holes = last_read_had_holes(session, batch.pipeline_id, batch_id)
+    return StageStart(batch.state, batch.staged_attempt, attempt, batch_ranges(session, batch_id), state_before,
+                      holes)
+
+
+def _stage_state_before(session: Session, batch: Batch) -> dict[str, Any]:
+    """The pipeline state a scheduled batch starts from, fixed when its attempt begins: the state after the open
+    batch planned before it in the same run (which this stage staged first), or else the pipeline's committed
+    state. A backfill batch keeps the state it was planned with."""
+    if batch.kind != BatchKind.SCHEDULED.value:
+        return dict(batch.state_before or {})
+    before = open_predecessor(session, batch)
+    if before is None:
+        state = pipeline_state(session, batch.pipeline_id)
+    elif before.state == BatchState.STAGED.value and before.staged_attempt == before.attempt:
+        state = dict(before.state_after or {})
+    else:
+        raise MicrobatchError(
+            f"Batch {batch.id} starts where batch {before.id} ends, and batch {before.id} is not staged yet.",
+            fix=f"Stage batch {before.id} first: the stage task stages a run's batches in order.",
+        )
+    batch.state_before = state
+    return state
+
+
 def record_staged(
     session: Session,
     batch_id: int,
@@ -358,6 +408,84 @@ def batches_without_contributions(session: Session, batch_ids: list[int]) -> lis
     rows = session.scalars(select(Batch.id).where(Batch.id.in_(batch_ids)).where(
         Batch.counts["contributions"].astext.is_distinct_from("true")).order_by(Batch.id))
     return list(rows)
+
+
+def read_backfill_ledger(session: Session, spec: PipelineSpec, *, replay: bool) -> tuple[Pipeline, BackfillLedger]:
+    """Lock the pipeline row (FOR UPDATE) and read what a backfill plans from: for a fill the positions and the
+    committed ranges, for a replay the committed range rows and their batches without contributions; for both the
+    ranges of the batches still open."""
+    pipeline = ensure_pipeline(session, spec, lock=True)
+    if replay:
+        rows = committed_range_rows(session, pipeline.id)
+        ledger = BackfillLedger(
+            positions={}, committed=[], committed_rows=rows, open_ranges=open_ranges(session, pipeline.id),
+            without_contributions=batches_without_contributions(session, sorted({c.batch_id for c in rows})))
+    else:
+        ledger = BackfillLedger(
+            positions=read_positions(session, pipeline.id), committed=committed_ranges(session, pipeline.id),
+            committed_rows=[], open_ranges=open_ranges(session, pipeline.id), without_contributions=[])
+    return pipeline, ledger
+
+
+def insert_backfill_batches(session: Session, pipeline: Pipeline, batches: list[BackfillBatch], *, kind: BatchKind,
+                            airflow_run_id: str | None) -> list[int]:
+    """Insert a backfill's batches; a fill batch starts from no state (history: no watermark, so nothing in it is
+    late), a replay batch from the state of the batch it replays, whose range rows it replaces."""
+    batch_ids: list[int] = []
+    for each in batches:
+        original = get_batch(session, each.original) if each.original is not None else None
+        batch = insert_batch(session, pipeline, Plan(ranges=each.ranges), kind=kind, airflow_run_id=airflow_run_id)
+        batch.state_before = dict(original.state_before or {}) if original is not None else {}
+        if original is not None:
+            batch.replaces = list(each.replaces)
+        batch_ids.append(batch.id)
+    return batch_ids
+
+
+def known_positions(session: Session, name: str) -> dict[TopicPartition, int]:
+    """The positions of the pipeline named `name`, read only (none if the ledger has never seen it)."""
+    pipeline = get_pipeline(session, name)
+    return read_positions(session, pipeline.id) if pipeline is not None else {}
+
+
+def read_planning_ledger(session: Session, spec: PipelineSpec) -> tuple[Pipeline, PlanningLedger]:
+    """Lock the pipeline row (FOR UPDATE, so two planners never race) and read what a plan decides from: the open
+    scheduled batches with their ranges, oldest first, the positions, and the time since the last batch."""
+    pipeline = ensure_pipeline(session, spec, lock=True)
+    open_batches = [OpenBatch(batch.id, batch.state == BatchState.PLANNED.value, batch_ranges(session, batch.id))
+                    for batch in find_open_batches(session, pipeline.id)]
+    return pipeline, PlanningLedger(open_batches, read_positions(session, pipeline.id),
+                                    seconds_since_last_batch(session, pipeline.id))
+
+
+def record_run(
+    session: Session, pipeline: Pipeline, plan: Plan | None, plans: list[Plan], *,
+    abandon_from: tuple[int, str] | None, latest: dict[TopicPartition, int], airflow_run_id: str | None,
+    started: float,
+) -> tuple[list[int], list[int], int]:
+    """Write what one plan decided: abandon the open batches from `abandon_from` on (with its reason); then, for a
+    fresh `plan`, pin the start of its new partitions, insert `plans` as the run's batches (timed from the
+    monotonic `started`), record the lag and now and then prune old lag snapshots. Returns (abandoned batch ids,
+    inserted batch ids, lag snapshots pruned)."""
+    abandoned: list[int] = []
+    if abandon_from is not None:
+        batch_id, reason = abandon_from
+        abandoned = [batch_id] if abandon_batch(session, batch_id, reason) else []
+        abandoned += abandon_followers(session, pipeline.id, batch_id, reason)
+    if plan is None:
+        return abandoned, [], 0
+    pin_new_positions(session, pipeline.id, {tp: plan.starts[tp] for tp in plan.new_partitions})
+    batch_ids: list[int] = []
+    for each in plans:
+        batch = insert_batch(session, pipeline, each, airflow_run_id=airflow_run_id,
+                             run_head=batch_ids[0] if batch_ids else None)
+        batch.timings = {"plan_s": round(time.monotonic() - started, 3)}
+        batch_ids.append(batch.id)
+    record_lag(session, pipeline.id, batch_ids[0] if batch_ids else None, plan, latest)
+    pruned = 0
+    if any(batch_id % LAG_PRUNE_EVERY == 0 for batch_id in batch_ids):
+        pruned = prune_lag_snapshots(session, pipeline.id)
+    return abandoned, batch_ids, pruned
 
 
 def committed_gaps(session: Session, pipeline_id: int) -> list[Gap]:

@@ -1,9 +1,11 @@
 """The plan phase: read the ledger and the broker, decide the next batch, insert it.
 
-The decision itself is the pure `planning.plan_batch` (and `planning.follow_on_plans` for the further batches of
-a run under `source.max_batches_per_run`); this module only does the I/O around it. The pipeline row is locked
-FOR UPDATE, so two planners never race, and open batches are always reused: a retry never plans new ranges while
-an earlier batch is open.
+The decision itself is the pure `planning.plan_run` (`plan_batch`, and `follow_on_plans` for the further batches
+of a run under `source.max_batches_per_run`); this module only does the I/O around it, one call each: the sinks
+and the transform are checked, the ledger's positions read, the broker asked (`offsets.read_source`), the ledger
+read under the pipeline's lock, the planner decides, and the ledger records the decision in the same transaction.
+The pipeline row is locked FOR UPDATE, so two planners never race, and open batches are always reused: a retry
+never plans new ranges while an earlier batch is open.
 """
 
 from __future__ import annotations
@@ -16,27 +18,19 @@ from dataclasses import dataclass
 from importlib.machinery import ModuleSpec, PathFinder
 from pathlib import Path
 
-from sqlalchemy.orm import Session
-
 from microbatch import failpoints
-from microbatch.config import OnDataLoss, PipelineSpec
-from microbatch.errors import DataLossError, SpecError
-from microbatch.kafka.offsets import discover_source, offset_bounds, offsets_client, startup_lookups
+from microbatch.config import PipelineSpec
+from microbatch.errors import SpecError
+from microbatch.kafka.offsets import read_source
 from microbatch.ledger import repository as repo
 from microbatch.ledger.database import Ledger
-from microbatch.ledger.models import BatchState
-from microbatch.planning import (
-    data_loss_at_read,
-    follow_on_plans,
-    lost_ranges,
-    needs_group_offsets,
-    needs_offsets_for_time,
-    plan_batch,
-)
+from microbatch.planning import plan_run
 from microbatch.runtime import PROJECT_ROOT
 from microbatch.settings import KafkaSettings
 from microbatch.sinks import schema
-from microbatch.types import OffsetRange, Plan, StartupOffsets, TopicPartition
+from microbatch.sinks.base import Sink
+from microbatch.sinks.registry import sinks_of
+from microbatch.types import OffsetRange, Plan, TopicPartition
 
 log = logging.getLogger(__name__)
 LIST_OFFSETS = failpoints.point("plan.list_offsets")  # a hold point between the two offset lookups
@@ -76,102 +70,42 @@ def plan_next_batch(
     """
     started = time.monotonic()
     check_pipeline(spec, ledger)
-    earliest, latest, looked_up = _read_broker(spec, ledger, kafka)
+    with ledger.transaction() as session:  # read only: nothing is written before the broker has answered
+        known = repo.known_positions(session, spec.name)
+    earliest, latest, looked_up = read_source(kafka, spec.source, known,
+                                              group_id=spec.source.startup.group_id or spec.group_id,
+                                              failpoint=LIST_OFFSETS)
     with ledger.transaction() as session:
-        pipeline = repo.ensure_pipeline(session, spec, lock=True)
-        reused = _reuse_open_batches(session, pipeline.id, earliest, spec.source.on_data_loss)
-        if reused:
-            return PlanOutcome([batch_id for batch_id, _ in reused], True, [r for _, ranges in reused for r in ranges],
-                               None, latest, time.monotonic() - started)
-        positions = repo.read_positions(session, pipeline.id)
-        waited = repo.seconds_since_last_batch(session, pipeline.id)
-        plan = plan_batch(positions, earliest, latest, spec.source, looked_up, waited)
-        repo.pin_new_positions(session, pipeline.id, {tp: plan.starts[tp] for tp in plan.new_partitions})
-        plans = [plan, *follow_on_plans(plan, latest, spec.source)] if plan.ranges or plan.gaps else []
-        batch_ids = []
-        for each in plans:
-            batch = repo.insert_batch(session, pipeline, each, airflow_run_id=airflow_run_id,
-                                      run_head=batch_ids[0] if batch_ids else None)
-            batch.timings = {"plan_s": round(time.monotonic() - started, 3)}
-            batch_ids.append(batch.id)
-        repo.record_lag(session, pipeline.id, batch_ids[0] if batch_ids else None, plan, latest)
-        if any(batch_id % repo.LAG_PRUNE_EVERY == 0 for batch_id in batch_ids):
-            pruned = repo.prune_lag_snapshots(session, pipeline.id)
-            if pruned:
-                log.info("pruned %s lag snapshot(s) older than %s days", pruned, repo.LAG_RETENTION_DAYS)
-        if plan.disappeared_topics:
-            log.warning("topic(s) %s no longer exist or match; their ledger positions are kept",
-                        ", ".join(plan.disappeared_topics))
-        return PlanOutcome(batch_ids, False, [r for each in plans for r in each.ranges], plan, latest,
-                           time.monotonic() - started)
+        pipeline, held = repo.read_planning_ledger(session, spec)
+        run = plan_run(held, earliest, latest, spec.source, looked_up)
+        abandoned, batch_ids, pruned = repo.record_run(
+            session, pipeline, run.plan, run.plans, abandon_from=run.abandon_from, latest=latest,
+            airflow_run_id=airflow_run_id, started=started)
+    for closed_id in abandoned:  # retention ran between plan and stage: that batch and the ones after it are closed
+        log.warning("abandoned batch %s: %s", closed_id, run.abandon_from[1] if run.abandon_from else "")
+    if run.reused:
+        return PlanOutcome([b.batch_id for b in run.reused], True, [r for b in run.reused for r in b.ranges],
+                           None, latest, time.monotonic() - started)
+    plan = run.plan
+    assert plan is not None
+    if pruned:
+        log.info("pruned %s lag snapshot(s) older than %s days", pruned, repo.LAG_RETENTION_DAYS)
+    if plan.disappeared_topics:
+        log.warning("topic(s) %s no longer exist or match; their ledger positions are kept",
+                    ", ".join(plan.disappeared_topics))
+    return PlanOutcome(batch_ids, False, [r for each in run.plans for r in each.ranges], plan, latest,
+                       time.monotonic() - started)
 
 
-def _read_broker(
-    spec: PipelineSpec, ledger: Ledger, kafka: KafkaSettings
-) -> tuple[dict[TopicPartition, int], dict[TopicPartition, int], StartupOffsets]:
-    """Discover the partitions, read their earliest and latest offsets, and what the startup mode needs for
-    partitions the ledger has never seen; a listed topic that is missing and was never read is a SpecError."""
-    source = spec.source
-    with offsets_client(kafka, source.isolation_level) as consumer:
-        partitions, missing = discover_source(consumer, source.topics or (), source.topic_pattern)
-        earliest, latest = (offset_bounds(consumer, partitions, failpoint=LIST_OFFSETS) if partitions
-                            else ({}, {}))
-        with ledger.transaction() as session:
-            pipeline = repo.ensure_pipeline(session, spec)
-            known = repo.read_positions(session, pipeline.id)
-        unknown = [topic for topic in missing if topic not in {tp.topic for tp in known}]
-        if unknown:
-            raise SpecError(
-                f"Topic '{unknown[0]}' does not exist on the Kafka cluster.",
-                fix="Create it, or fix source.topics in the pipeline spec.",
-            )
-        new = [tp for tp in partitions if tp not in known] if not known else []  # startup modes: first plan only
-        group_id = source.startup.group_id or spec.group_id
-        looked_up = startup_lookups(
-            kafka, consumer, new,
-            group_id=group_id if needs_group_offsets(source, new) else None,
-            timestamp_ms=source.startup.timestamp if needs_offsets_for_time(source, new) else None,
-        )
-    return earliest, latest, looked_up
-
-
-def _reuse_open_batches(
-    session: Session, pipeline_id: int, earliest: dict[TopicPartition, int], on_data_loss: OnDataLoss
-) -> list[tuple[int, list[OffsetRange]]]:
-    """The open batches and their ranges, oldest first, to run again; none if there are none.
-
-    If retention deleted part of a planned one, under `fail` that raises; under `skip` that batch and every open
-    batch after it (each starts where the one before ends) are abandoned, the batches before it are still reused,
-    and the next fresh plan records the gap."""
-    reused = []
-    for batch in repo.find_open_batches(session, pipeline_id):
-        ranges = repo.batch_ranges(session, batch.id)
-        lost = lost_ranges(ranges, earliest) if batch.state == BatchState.PLANNED.value else []
-        if lost:
-            _abandon_from(session, pipeline_id, batch.id, data_loss_at_read(batch.id, lost, on_data_loss),
-                          on_data_loss)
-            break
-        reused.append((batch.id, ranges))
-    return reused
-
-
-def _abandon_from(
-    session: Session, pipeline_id: int, batch_id: int, error: DataLossError, on_data_loss: OnDataLoss
-) -> None:
-    if on_data_loss is OnDataLoss.FAIL:
-        raise error
-    # Retention ran between plan and stage: close this batch and the ones its run planned after it.
-    closed = [batch_id] if repo.abandon_batch(session, batch_id, error.message) else []
-    for closed_id in closed + repo.abandon_followers(session, pipeline_id, batch_id, error.message):
-        log.warning("abandoned batch %s: %s", closed_id, error.message)
-
-
-def check_pipeline(spec: PipelineSpec, ledger: Ledger) -> None:
+def check_pipeline(spec: PipelineSpec, ledger: Ledger) -> dict[str, Sink]:
     """Before anything is written: the sink tables exist and match the spec, and the transform can be found and
-    has the contract's methods. A mismatch raises `SpecError` (terminal: a retry cannot help)."""
+    has the contract's methods; return the pipeline's sinks by name. A mismatch raises `SpecError` (terminal: a
+    retry cannot help)."""
     check_transform(spec)
+    sinks = sinks_of(spec)
     with ledger.engine.connect() as conn:
-        schema.check(conn, spec)
+        schema.check_sinks(conn, spec, sinks)
+    return sinks
 
 
 def check_transform(spec: PipelineSpec) -> None:

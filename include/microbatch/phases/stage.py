@@ -24,7 +24,6 @@ from pyspark.sql import Column, DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 from sqlalchemy import make_url
 from sqlalchemy.exc import OperationalError
-from sqlalchemy.orm import Session
 
 from microbatch import failpoints
 from microbatch.config import PipelineSpec
@@ -33,7 +32,7 @@ from microbatch.kafka.offsets import offset_bounds, offsets_client
 from microbatch.kafka.security import spark_client_options
 from microbatch.ledger import repository as repo
 from microbatch.ledger.database import Ledger, stage_lock
-from microbatch.ledger.models import OPEN_STATES, Batch, BatchKind, BatchState
+from microbatch.ledger.models import BatchState
 from microbatch.phases.reporting import log_stage_summary
 from microbatch.phases.results import StageResult
 from microbatch.planning import data_loss_at_read, lost_ranges
@@ -275,9 +274,39 @@ def stage_batch(
     spark: SparkSession, spec: PipelineSpec, batch_id: int, ledger: Ledger, kafka: KafkaSettings
 ) -> StageResult | None:
     """Stage one batch under a fresh attempt number; None if the batch is already committed, or was
-    staged by a concurrent run while this one waited for it."""
+    staged by a concurrent run while this one waited for it.
+
+    Under the batch's stage lock, one ledger call begins the attempt (the ranges, the state it starts from), the
+    Spark job stages the rows, and one ledger call records `staged(attempt, counts, state_after)`, which the commit
+    checks the staged rows against."""
     with stage_lock(ledger.url, batch_id) as waited:
-        return _stage_locked(spark, spec, batch_id, ledger, kafka, waited)
+        started = time.monotonic()
+        with ledger.transaction() as session:
+            start = repo.begin_stage(session, batch_id, waited=waited)
+        if start.attempt is None:
+            if start.state == BatchState.COMMITTED.value:
+                log.info("batch %s is already committed; nothing to stage (a retry after a commit is a no-op)",
+                         batch_id)
+            elif waited and start.state == BatchState.STAGED.value:
+                log.info("batch %s was staged by attempt %s of a concurrent run while this one waited; nothing to "
+                         "stage, the commit takes that attempt", batch_id, start.staged_attempt)
+            else:
+                log.info("batch %s is %s; nothing to stage", batch_id, start.state)
+            return None
+        result = _stage_attempt(spark, spec, _Attempt(batch_id, start.attempt, start.ranges, start.state_before,
+                                                      start.holes), ledger, kafka)
+        counts = {
+            "records": result.records,
+            "records_by_partition": result.records_by_partition,
+            "rows_by_sink": result.rows_by_sink,
+            "dead_letters": result.dead_letters,
+            "late_records": result.late_records,
+        }
+        with ledger.transaction() as session:
+            repo.record_staged(session, result.batch_id, result.attempt, counts, result.state_after, result.timings)
+        result.timings["stage_total_s"] = round(time.monotonic() - started, 3)
+        AFTER_STAGED.hit()
+        return result
 
 
 @dataclass(frozen=True)
@@ -299,13 +328,12 @@ class _Attempt:
         return [F.lit(self.batch_id).cast("bigint").alias("batch_id"), F.lit(self.attempt).cast("int").alias("attempt")]
 
 
-def _stage_locked(
-    spark: SparkSession, spec: PipelineSpec, batch_id: int, ledger: Ledger, kafka: KafkaSettings, waited: bool
-) -> StageResult | None:
-    started = time.monotonic()
-    current = _begin_attempt(batch_id, ledger, waited)
-    if current is None:
-        return None
+def _stage_attempt(
+    spark: SparkSession, spec: PipelineSpec, current: _Attempt, ledger: Ledger, kafka: KafkaSettings
+) -> StageResult:
+    """Read the attempt's ranges, apply the job and write its output to the staging tables (a lakehouse sink: its
+    table); the result to record as staged."""
+    batch_id = current.batch_id
     log.info("batch %s attempt %s: reading %s range(s)", batch_id, current.attempt, len(current.ranges))
     for r in current.ranges:
         log.info("  read %s: %s records planned", r, r.size)
@@ -329,7 +357,7 @@ def _stage_locked(
 
     by_partition = _records_by_partition(spark, spec, current, values, kafka)
     state_metrics = {name.removeprefix("state_"): v for name, v in values.items() if name.startswith("state_")}
-    result = StageResult(
+    return StageResult(
         batch_id=batch_id,
         attempt=current.attempt,
         records_by_partition=by_partition,
@@ -339,52 +367,6 @@ def _stage_locked(
         state_after=job.next_state(current.state_before, state_metrics, spec.job.options),
         timings={"read_s": round(read_seconds, 3), "stage_write_s": round(write_seconds, 3)},
     )
-    _record_staged(ledger, result)
-    result.timings["stage_total_s"] = round(time.monotonic() - started, 3)
-    AFTER_STAGED.hit()
-    return result
-
-
-def _begin_attempt(batch_id: int, ledger: Ledger, waited: bool) -> _Attempt | None:
-    """Take a new attempt number for the batch; None if there is nothing to stage."""
-    with ledger.transaction() as session:
-        batch = repo.get_batch(session, batch_id)
-        if batch.state == BatchState.COMMITTED.value:
-            log.info("batch %s is already committed; nothing to stage (a retry after a commit is a no-op)", batch_id)
-            return None
-        if waited and batch.state == BatchState.STAGED.value:
-            log.info("batch %s was staged by attempt %s of a concurrent run while this one waited; nothing to "
-                     "stage, the commit takes that attempt", batch_id, batch.staged_attempt)
-            return None
-        state_before = _state_before(session, batch) if batch.state in OPEN_STATES else {}
-        attempt = repo.begin_attempt(session, batch_id)
-        if attempt is None:
-            log.info("batch %s is %s; nothing to stage", batch_id, batch.state)
-            return None
-        # A pipeline whose last read had holes (a transactional producer's markers) counts per partition in the
-        # same pass; any other counts them only if this read turns out to have holes (`records_read`).
-        holes = repo.last_read_had_holes(session, batch.pipeline_id, batch_id)
-        return _Attempt(batch_id, attempt, repo.batch_ranges(session, batch_id), state_before, holes)
-
-
-def _state_before(session: Session, batch: Batch) -> dict[str, Any]:
-    """The pipeline state a scheduled batch starts from, fixed when its attempt begins: the state after the open
-    batch planned before it in the same run (which this stage staged first), or else the pipeline's committed
-    state. A backfill batch keeps the state it was planned with."""
-    if batch.kind != BatchKind.SCHEDULED.value:
-        return dict(batch.state_before or {})
-    before = repo.open_predecessor(session, batch)
-    if before is None:
-        state = repo.pipeline_state(session, batch.pipeline_id)
-    elif before.state == BatchState.STAGED.value and before.staged_attempt == before.attempt:
-        state = dict(before.state_after or {})
-    else:
-        raise MicrobatchError(
-            f"Batch {batch.id} starts where batch {before.id} ends, and batch {before.id} is not staged yet.",
-            fix=f"Stage batch {before.id} first: the stage task stages a run's batches in order.",
-        )
-    batch.state_before = state
-    return state
 
 
 def _records_by_partition(
@@ -564,20 +546,6 @@ def _stage_bad_records(
             *tag, "topic", "partition", "offset", "event_time", F.col("value").alias("raw"),
         ), "stage_late_records", jdbc)
     bad.unpersist()
-
-
-def _record_staged(ledger: Ledger, result: StageResult) -> None:
-    """Record `staged(attempt, counts, state_after)` on the batch row: the commit checks the staged rows
-    against these counts."""
-    counts = {
-        "records": result.records,
-        "records_by_partition": result.records_by_partition,
-        "rows_by_sink": result.rows_by_sink,
-        "dead_letters": result.dead_letters,
-        "late_records": result.late_records,
-    }
-    with ledger.transaction() as session:
-        repo.record_staged(session, result.batch_id, result.attempt, counts, result.state_after, result.timings)
 
 
 def is_data_loss(exc: BaseException) -> bool:

@@ -19,7 +19,7 @@ the spec (an operator's own index) are left alone.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,7 +32,7 @@ from sqlalchemy.dialects import postgresql
 from microbatch.config import PipelineSpec, load_spec, spec_paths
 from microbatch.errors import SpecError
 from microbatch.ledger.database import MIGRATE_LOCK_NAMESPACE, get_engine, upgrade_ledger
-from microbatch.sinks.base import quote, sql_type
+from microbatch.sinks.base import Sink, quote, sql_type
 from microbatch.sinks.registry import sinks_of
 
 log = logging.getLogger(__name__)
@@ -46,25 +46,47 @@ _SPEC_TYPE_NAMES = ("text", "bigint", "integer", "smallint", "double precision",
 def sink_metadata(spec: PipelineSpec) -> sa.MetaData:
     """The tables of every sink of `spec`, as the spec declares them (plus the ledger's `batches` key that side
     tables reference, which is neither created nor compared)."""
-    metadata = sa.MetaData()
-    for sink in sinks_of(spec).values():
-        for table in sink.tables(metadata):
-            names = [table.name, *(i.name for i in table.indexes), *(c.name for c in table.constraints)]
-            too_long = next((n for n in names if isinstance(n, str) and len(n) > _MAX_NAME), None)
-            if too_long:  # Postgres would cut it short, and the comparison would never match
-                raise SpecError(f"{spec.name}: sink '{sink.name}' needs the name {too_long}, longer than Postgres's "
-                                f"{_MAX_NAME} characters; give the sink a shorter table name.")
+    return metadata_of(spec, sinks_of(spec))
+
+
+def metadata_of(spec: PipelineSpec, sinks: Mapping[str, Sink]) -> sa.MetaData:
+    """`sink_metadata` of the spec's `sinks` (`registry.sinks_of`)."""
+    metadata, by_sink = _tables_by_sink(sinks)
+    _refuse_long_names(spec, sinks, by_sink)
     return metadata
 
 
-def declared_tables(spec: PipelineSpec) -> set[str]:
-    """The names of the tables the spec's sinks define (what migrate creates and compares)."""
-    return {table.name for sink in sinks_of(spec).values() for table in sink.tables(sa.MetaData())}
+def _tables_by_sink(sinks: Mapping[str, Sink]) -> tuple[sa.MetaData, dict[str, list[sa.Table]]]:
+    """Every sink's tables, built once into one MetaData, and which sink defines which."""
+    metadata = sa.MetaData()
+    by_sink: dict[str, list[sa.Table]] = {}
+    for name, sink in sinks.items():
+        by_sink[name] = list(sink.tables(metadata))
+    return metadata, by_sink
+
+
+def _refuse_long_names(spec: PipelineSpec, sinks: Mapping[str, Sink], by_sink: Mapping[str, list[sa.Table]]) -> None:
+    for name, tables in by_sink.items():
+        for table in tables:
+            names = [table.name, *(i.name for i in table.indexes), *(c.name for c in table.constraints)]
+            too_long = next((n for n in names if isinstance(n, str) and len(n) > _MAX_NAME), None)
+            if too_long:  # Postgres would cut it short, and the comparison would never match
+                raise SpecError(f"{spec.name}: sink '{sinks[name].name}' needs the name {too_long}, longer than "
+                                f"Postgres's {_MAX_NAME} characters; give the sink a shorter table name.")
+
+
+def declared_tables(sinks: Mapping[str, Sink]) -> set[str]:
+    """The names of the tables the sinks define (what migrate creates and compares)."""
+    return {table.name for sink in sinks.values() for table in sink.tables(sa.MetaData())}
 
 
 def required_tables(spec: PipelineSpec) -> list[str]:
     """Tables a sink uses but does not define (no `columns` in its spec): they must already exist."""
-    declared = declared_tables(spec)
+    return _undeclared(spec, declared_tables(sinks_of(spec)))
+
+
+def _undeclared(spec: PipelineSpec, declared: set[str]) -> list[str]:
+    """The tables the spec's sinks name that are not among the `declared` ones (`required_tables`)."""
     names: list[str] = []
     for sink_spec in spec.sinks:
         for attribute in ("table", "staging_table", "contributions_table"):
@@ -234,8 +256,16 @@ def apply_changes(connection: sa.Connection, changes: SchemaChanges) -> None:
 
 def check(connection: sa.Connection, spec: PipelineSpec) -> None:
     """Raise `SpecError` (terminal) with one sentence if the spec's sink tables are missing or differ from it."""
-    _require(connection, spec)
-    changes = plan_changes(connection, sink_metadata(spec))
+    check_sinks(connection, spec, sinks_of(spec))
+
+
+def check_sinks(connection: sa.Connection, spec: PipelineSpec, sinks: Mapping[str, Sink]) -> None:
+    """`check` of the spec's `sinks` (`registry.sinks_of`), each lakehouse table included. Each sink's tables are
+    built once, for both the tables it must find and the comparison."""
+    metadata, by_sink = _tables_by_sink(sinks)
+    _require(connection, spec, {table.name for tables in by_sink.values() for table in tables})
+    _refuse_long_names(spec, sinks, by_sink)
+    changes = plan_changes(connection, metadata)
     if changes.refused:
         raise SpecError(f"{spec.name}: {changes.refused[0]}.")
     created = [line.removeprefix("create table ") for line in changes.additive if line.startswith("create table ")]
@@ -245,13 +275,13 @@ def check(connection: sa.Connection, spec: PipelineSpec) -> None:
     if changes.additive:
         raise SpecError(f"{spec.name}: the sink tables lack what the spec declares ({'; '.join(changes.additive)}); "
                         "run `microbatch migrate`, which adds it.")
-    for sink in sinks_of(spec).values():
+    for sink in sinks.values():
         sink.check_lake(spec)
 
 
-def _require(connection: sa.Connection, spec: PipelineSpec) -> None:
+def _require(connection: sa.Connection, spec: PipelineSpec, declared: set[str]) -> None:
     inspector = sa.inspect(connection)
-    for name in required_tables(spec):
+    for name in _undeclared(spec, declared):
         if not inspector.has_table(name):
             raise SpecError(
                 f"{spec.name}: sink table {name} does not exist and the spec declares no columns to create it from; "
