@@ -226,7 +226,7 @@ def test_delta_sink_exactly_once_through_crashes(service_env, topic, kafka, ledg
 ZOMBIE = textwrap.dedent("""
     import sys
     from pyspark.sql import SparkSession
-    from microbatch.ledger.database import transaction
+    from microbatch.ledger.database import Ledger, transaction
     from microbatch.ledger import repository as repo
     from microbatch.config import find_spec
     from microbatch.runtime import spark_jars
@@ -249,7 +249,7 @@ ZOMBIE = textwrap.dedent("""
     rows = spark.createDataFrame([(r.topic, r.partition, r.start, "zombie", "/z", None) for r in ranges],
                                  "topic string, partition int, offset bigint, user string, page string, ts timestamp")
     try:  # the stage's own path: the ledger says the batch has moved on, so the zombie writes nothing
-        _write_in_stage(spec, sinks_of(spec)[sink.name], rows, _Attempt(batch_id, 1, ranges, {}), url)
+        _write_in_stage(spec, sinks_of(spec)[sink.name], rows, _Attempt(batch_id, 1, ranges, {}), Ledger(url))
     except ZombieAttemptError as exc:
         print("refused:", exc)
     found, wrote = delta.write_batch(rows, sink, owner, batch_id, 1, ranges)
