@@ -861,7 +861,9 @@ def _sentence(exc: Exception) -> MicrobatchError | None:
         return MicrobatchError(f"The ledger database does not have the tables this needs ({reason}).",
                                fix="Create or upgrade them with `microbatch migrate`.")
     if isinstance(exc, KafkaError):
-        return broker_unreachable(os.environ.get(settings.BOOTSTRAP_ENV, ""))
+        kafka = (_kafka() if os.environ.get(settings.BOOTSTRAP_ENV)
+                 else settings.KafkaSettings(""))  # where the failing client looked, with its login
+        return broker_unreachable(kafka)
     return None
 
 
