@@ -95,14 +95,6 @@ def staging_columns() -> list[sa.Column[Any]]:
     return [sa.Column("batch_id", sa.BigInteger, nullable=False), sa.Column("attempt", sa.Integer, nullable=False)]
 
 
-def batches_table(metadata: sa.MetaData) -> sa.Table:
-    """The ledger's `batches` table as `metadata` knows it (only its key), so a side table can reference a batch;
-    sinks/schema.py neither creates nor compares it: the ledger's migrations own it."""
-    if "batches" in metadata.tables:
-        return metadata.tables["batches"]
-    return sa.Table("batches", metadata, sa.Column("id", sa.BigInteger, primary_key=True))
-
-
 def watermark_timestamp(micros: int | None) -> datetime | None:
     """A watermark of the pipeline state (microseconds since the epoch) as the timestamptz SQL compares."""
     return None if micros is None else datetime.fromtimestamp(micros / 1_000_000, tz=UTC)

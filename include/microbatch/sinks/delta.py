@@ -347,10 +347,6 @@ class DeltaTableSink(Sink):
                                fix=f"Return a DataFrame with the columns {', '.join(columns)} for it from outputs().")
 
     @property
-    def location(self) -> str:
-        return location(self.spec)
-
-    @property
     def lake_location(self) -> str:
         return location(self.spec)
 
@@ -370,7 +366,7 @@ class DeltaTableSink(Sink):
 
     def lineage_output(self, places: LineagePlaces, rows_by_sink: Mapping[str, int],
                        outbox: Mapping[str, tuple[int, int]], staged: Mapping[str, int]) -> tuple[str, str, int]:
-        return "file", self.location, int(staged.get(self.name, 0))
+        return "file", self.lake_location, int(staged.get(self.name, 0))
 
     @classmethod
     def driver_env(cls) -> dict[str, str]:
@@ -378,7 +374,7 @@ class DeltaTableSink(Sink):
         return {WAREHOUSE_ENV: warehouse()}
 
     def lake_refusal(self) -> str | None:
-        table = existing_table(self.location)
+        table = existing_table(self.lake_location)
         refused = table is not None and differences(self.spec, table)[1]
         return refused or None
 
@@ -404,7 +400,7 @@ class DeltaTableSink(Sink):
                        ranges: Sequence[OffsetRange]) -> TableWrite:
         found, wrote = write_batch(rows, self.spec, Owner(pipeline, pipeline_uid, self.name), batch_id, attempt,
                                    ranges)
-        return TableWrite(self.location, found.version, found.rows, found.attempt, wrote)
+        return TableWrite(self.lake_location, found.version, found.rows, found.attempt, wrote)
 
     def record_stage_write(self, session: Session, pipeline_id: int, batch_id: int, attempt: int,
                            written: TableWrite) -> None:
@@ -422,7 +418,7 @@ class DeltaTableSink(Sink):
     def check_staged(self, session: Session, ctx: CommitContext, recorded: int) -> None:
         if repo.lake_commit(session, ctx.batch_id, self.name) is None:
             raise MicrobatchError(
-                f"Batch {ctx.batch_id}: no version of {self.location} is recorded for sink {self.name}.",
+                f"Batch {ctx.batch_id}: no version of {self.lake_location} is recorded for sink {self.name}.",
                 fix="Nothing was committed; the retry stages the batch, which finds or writes its version.")
 
     def merge(self, session: Session, ctx: CommitContext) -> int | None:
