@@ -58,7 +58,7 @@ REGISTRY: dict[str, Registered] = {
     "stage.after_staged": Registered(_CRASH),
     "stage.before_lake_commit": Registered(_CRASH),
     "stage.after_lake_commit": Registered(_CRASH),
-    "commit.before_commit": Registered(_CRASH),
+    "commit.before_commit": Registered(_CRASH | {PAUSE}),  # pause: the chaos harness holds a run in its commit
     "commit.after_commit": Registered(_CRASH),
     "publish.before_commit": Registered(_CRASH | {PAUSE}),
     "publish.after_commit": Registered(_CRASH),

@@ -103,6 +103,9 @@ HOLD_POINTS = {
     "kill a broker while plan lists offsets": "plan.list_offsets",
 }
 HOLD_SECONDS = 8
+# Faults that hit a run held inside its commit, and how long the hold lasts: the killed runner never wakes; after
+# a Postgres restart the held run wakes to a dead connection (a short hold keeps the wait short).
+COMMIT_HOLDS = {"kill the process running the commit": 60, "restart Postgres during a commit": 15}
 PIPELINES = ("ip_count", "clicks")
 # What the aborted source transactions hold: a record the pipeline would take, were it ever read.
 ABORTED_VALUE = {
@@ -366,11 +369,18 @@ class Harness:
         return f"{len(procs)} Python worker process(es)"
 
     def kill_commit(self, sig: int) -> str:
-        _wait_for(self._staged_batch, 120)
-        runners = [r for r in self.runners if r.poll() is None]
-        for runner in runners:
-            os.killpg(runner.pid, sig)
-        return f"{len(runners)} runner(s) at a staged batch"
+        """Wait until a run is held inside its commit (before COMMIT: `prepare` armed the pause there), then
+        send `sig` to every live runner. A poll for a staged batch missed the moment on Connect, where a stage
+        and its commit are a second apart."""
+        marker = Path(self.env[FAILPOINT_DIR_ENV]) / "commit.before_commit"
+        try:
+            _wait_for(marker.exists, 300)
+            runners = [r for r in self.runners if r.poll() is None]
+            for runner in runners:
+                os.killpg(runner.pid, sig)
+        finally:
+            self._disarm("commit.before_commit")
+        return f"{len(runners)} runner(s) held inside a commit"
 
     def kill_publisher(self, sig: int) -> str:
         marker = Path(self.env[FAILPOINT_DIR_ENV]) / "publish.after_commit"
@@ -390,6 +400,9 @@ class Harness:
             return
         if name == "kill a Spark Python worker":
             self._arm("stage.read=1000000000000")
+        elif name in COMMIT_HOLDS:
+            (Path(self.env[FAILPOINT_DIR_ENV]) / "commit.before_commit").unlink(missing_ok=True)
+            self._arm(f"commit.before_commit=pause:{COMMIT_HOLDS[name]}")
         elif name == "kill the publisher after its Kafka commit":
             (Path(self.env[FAILPOINT_DIR_ENV]) / "publish.after_commit").unlink(missing_ok=True)
             self._arm("publish.after_commit" + ("=kill" if sig == signal.SIGKILL else ""))
@@ -492,10 +505,15 @@ class Harness:
         return next(s for s in spec.sinks if s.type == "kafka").transactional_id
 
     def restart_postgres(self, sig: int) -> str:
-        _wait_for(self._staged_batch, 120)
-        self.postgres.restart(hard=sig == signal.SIGKILL)
+        """Restart PostgreSQL while a run is held inside its commit (`prepare` armed a short pause there)."""
+        marker = Path(self.env[FAILPOINT_DIR_ENV]) / "commit.before_commit"
+        try:
+            _wait_for(marker.exists, 300)
+            self.postgres.restart(hard=sig == signal.SIGKILL)
+        finally:
+            self._disarm("commit.before_commit")
         get_engine(self.url).dispose()
-        return "postgres restarted"
+        return "postgres restarted while a run was inside its commit"
 
     def zombie_run(self, sig: int) -> str:
         self.start_runner(max_runs=1)
@@ -509,13 +527,6 @@ class Harness:
                                   stderr=subprocess.STDOUT, start_new_session=True)
         self.runners.append(runner)
         return "backfill over [0, latest) started"
-
-    def _staged_batch(self) -> bool:
-        try:
-            with transaction(self.url) as session:
-                return bool(session.execute(text("SELECT 1 FROM batches WHERE state = 'staged'")).first())
-        except Exception:
-            return False
 
     def full_schedule(self, rounds: int) -> list[tuple[str, int]]:
         """Every fault, by SIGKILL and by SIGTERM, `rounds` times each, in a random order."""
