@@ -9,6 +9,8 @@ batch starts from the state the one before it left.
 - In Spark Connect mode (the shipped default on one machine, the suite's shared token-protected server) the stage
   task runs in the runner's own process: `stage.after_write` and `stage.after_staged` kill the runner, while
   `stage.read` kills a Python worker of the shared server mid-read, and the stage task is retried in the same run.
+  Each point dies one way (os._exit or SIGKILL, `ARMED`); test_row_sinks_crash_points.py kills the same points
+  the other way, so each (point, mode) of the matrix runs once.
 - In spark-submit mode the stage's points kill the spark-submit driver (or its Python worker) and Airflow retries
   the stage in the same run: the driver deaths are where the two modes differ, so they run in both.
 - The commit's points run in the runner in both modes; they run here in Connect mode only.
@@ -38,6 +40,10 @@ BATCH = 500  # 3,000 lines in batches of 500, three batches per run: two runs of
 # after it (two open).
 RUNNER_POINTS = {"stage.after_write": 3, "stage.after_staged": 3, "commit.before_commit": 3,
                  "commit.after_commit": 2}
+# Each point dies one way here and the other way in test_row_sinks_crash_points.py (whose points are these and the
+# publisher's): between the two files, every point of the matrix dies both ways once.
+ARMED = (f"stage.read={READ_LIMIT},stage.after_write=kill,stage.after_staged,commit.before_commit=kill,"
+         "commit.after_commit")
 PER_BATCH_TABLE = "ip_counts_by_batch"
 
 
@@ -58,10 +64,17 @@ def fired(markers: Path) -> set[str]:
     return {p.name for p in markers.iterdir()} if markers.exists() else set()
 
 
-def run_through_deaths(env: dict[str, str], armed: dict[str, str], markers: Path, ledger_url: str, mode: str,
+def death_code(armed: str, point: str) -> int:
+    """The exit code a runner dies with at `point`, by how the comma-separated `armed` arms it."""
+    item = next(i for i in armed.split(",") if i.split("=")[0] == point)
+    return -9 if item.endswith("kill") else EXIT_CODE
+
+
+def run_through_deaths(env: dict[str, str], armed: dict[str, str], markers: Path, ledger_url: str,
                        left_open: dict[str, int], logs: Path) -> list[str]:
-    """`microbatch run` again after every death until it exits 0. Each death must be by the armed mode, fire exactly
-    one new runner point, and leave that point's open batches. The points in the order they killed the runner."""
+    """`microbatch run` again after every death until it exits 0. Each death must be by the mode its point is armed
+    with, fire exactly one new runner point, and leave that point's open batches. The points in the order they
+    killed the runner."""
     order: list[str] = []
     for attempt in range(len(left_open) + 2):
         before = fired(markers)
@@ -69,10 +82,10 @@ def run_through_deaths(env: dict[str, str], armed: dict[str, str], markers: Path
         (logs / f"run{attempt}.log").write_text(result.stdout + result.stderr)
         if result.returncode == 0:
             return order
-        assert result.returncode == (EXIT_CODE if mode == "exit" else -9), \
-            f"run {attempt} exited {result.returncode}:\n{result.stdout[-3000:]}{result.stderr[-2000:]}"
         new = sorted(fired(markers) - before - {"stage.read"})
-        assert len(new) == 1 and new[0] in left_open, (new, result.stdout[-3000:])
+        assert len(new) == 1 and new[0] in left_open, (new, result.returncode, result.stdout[-3000:])
+        assert result.returncode == death_code(armed[FAILPOINTS_ENV], new[0]), \
+            f"run {attempt} died at {new[0]} with {result.returncode}:\n{result.stdout[-3000:]}{result.stderr[-2000:]}"
         assert open_batches(ledger_url) == left_open[new[0]], new[0]
         order.append(new[0])
     pytest.fail(f"the pipeline never caught up after {len(order)} deaths; logs in {logs}")
@@ -91,23 +104,19 @@ def assert_batches_chain(ledger_url: str, batches: int, runs: int) -> None:
         assert after.state_before == before.state_after, (before, after)
 
 
-@pytest.mark.parametrize("mode", ["exit", "kill"])
-def test_every_stage_and_commit_point_in_turn_through_spark_connect(mode, service_env, topic, kafka, ledger_url,
-                                                                     tmp_path):
+def test_every_stage_and_commit_point_in_turn_through_spark_connect(service_env, topic, kafka, ledger_url, tmp_path):
     specs = write_test_spec(tmp_path / "pipelines", topic, max_records=BATCH, bootstrap=kafka.bootstrap_servers,
                             batches_per_run=3)
     env = {**service_env, "MICROBATCH_PIPELINES_DIR": str(specs)}
-    lines = generate_lines(3_000, ips=25, span_seconds=60, out_of_order=0.1, malformed=0.03,
-                           seed=3 if mode == "exit" else 4)
+    lines = generate_lines(3_000, ips=25, span_seconds=60, out_of_order=0.1, malformed=0.03, seed=3)
     coords = produce_lines(kafka.bootstrap_servers, topic, lines)
     # As in the seeds: a run of batches commits first, then the job dies after 7 records of the next one.
     first = run_pipeline(env, max_runs=1)
     assert first.returncode == 0, first.stdout[-2000:] + first.stderr[-2000:]
 
     markers = tmp_path / "fired"
-    armed = {FAILPOINTS_ENV: ",".join([read_point(mode), arm(list(RUNNER_POINTS), mode)]),
-             FAILPOINT_DIR_ENV: str(markers)}
-    order = run_through_deaths(env, armed, markers, ledger_url, mode, RUNNER_POINTS, tmp_path)
+    armed = {FAILPOINTS_ENV: ARMED, FAILPOINT_DIR_ENV: str(markers)}
+    order = run_through_deaths(env, armed, markers, ledger_url, RUNNER_POINTS, tmp_path)
     assert order == list(RUNNER_POINTS), order
     assert fired(markers) == {"stage.read", *RUNNER_POINTS}
     with transaction(ledger_url) as session:  # the worker's death was retried within the run: a second attempt
@@ -159,7 +168,7 @@ def test_per_batch_contributions_through_stage_and_commit_deaths(service_env, to
     markers = tmp_path / "fired"
     points = {"stage.after_write": 1, "commit.before_commit": 1}
     armed = {FAILPOINTS_ENV: arm(list(points), "kill"), FAILPOINT_DIR_ENV: str(markers)}
-    order = run_through_deaths(env, armed, markers, ledger_url, "kill", points, tmp_path)
+    order = run_through_deaths(env, armed, markers, ledger_url, points, tmp_path)
     assert order == list(points), order
 
     assert_exactly_once(ledger_url, env, lines, coords, f"{topic}_out", table=PER_BATCH_TABLE)

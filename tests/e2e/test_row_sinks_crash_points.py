@@ -84,14 +84,20 @@ def generate(seed: int) -> list[Click]:
     return out
 
 
-def armed_points(mode: str) -> str:
-    kill = "=kill" if mode == "kill" else ""
-    read = f"stage.read={READ_LIMIT}" + (":kill" if mode == "kill" else "")
-    return ",".join([read, *(p + kill for p in RUNNER_POINTS)])
+# Each point dies the other way than in tests/chaos/test_crash_recovery.py (which arms the stage's and the
+# commit's points on ip_count): between the two files, every (point, mode) of the matrix runs once. The
+# publisher's points: os._exit and SIGKILL of each are also tests/integration/test_publisher.py's.
+ARMED = (f"stage.read={READ_LIMIT}:kill,stage.after_write,stage.after_staged=kill,commit.before_commit,"
+         "commit.after_commit=kill,publish.before_commit,publish.after_commit=kill,publish.between_transactions=kill")
 
 
-@pytest.mark.parametrize("mode", ["exit", "kill"])
-def test_row_sinks_exactly_once_through_every_crash_point(mode, service_env, topic, kafka, ledger_url, tmp_path):
+def death_code(point: str) -> int:
+    """The exit code the runner dies with at `point`, by how ARMED arms it."""
+    item = next(i for i in ARMED.split(",") if i.split("=")[0] == point)
+    return -9 if item.endswith("kill") else EXIT_CODE
+
+
+def test_row_sinks_exactly_once_through_every_crash_point(service_env, topic, kafka, ledger_url, tmp_path):
     started = time.monotonic()
     out_topic = f"{topic}_out"
     specs = write_clicks_test_spec(tmp_path / "pipelines", topic, MAX_RECORDS, out_topic=out_topic,
@@ -99,21 +105,23 @@ def test_row_sinks_exactly_once_through_every_crash_point(mode, service_env, top
     env = {**service_env, "MICROBATCH_PIPELINES_DIR": str(specs), **pipeline_dag_folder(tmp_path, PIPELINE)}
     migrated = cli(env, "migrate")
     assert migrated.returncode == 0, migrated.stdout + migrated.stderr
-    clicks = generate(seed=20 if mode == "exit" else 21)
+    clicks = generate(seed=20)
     coords = produce_lines(kafka.bootstrap_servers, topic, clicks)
 
     markers = tmp_path / "fired"
-    armed = {FAILPOINTS_ENV: armed_points(mode), FAILPOINT_DIR_ENV: str(markers)}
+    armed = {FAILPOINTS_ENV: ARMED, FAILPOINT_DIR_ENV: str(markers)}
     deaths: list[int] = []
     for attempt in range(len(RUNNER_POINTS) + 3):
+        before = {p.name for p in markers.iterdir()} if markers.exists() else set()
         result = run(env, armed)
         (tmp_path / f"run{attempt}.log").write_text(result.stdout + result.stderr)
         if result.returncode == 0:
             break
         deaths.append(result.returncode)
-        fired = sorted(p.name for p in markers.iterdir()) if markers.exists() else []
-        assert result.returncode == (EXIT_CODE if mode == "exit" else -9), \
-            f"run {attempt} exited {result.returncode} (fired so far: {fired}):\n{result.stdout[-3000:]}"
+        new = sorted({p.name for p in markers.iterdir()} - before - set(STAGE_POINTS)) if markers.exists() else []
+        assert len(new) == 1, f"run {attempt} exited {result.returncode}, firing {new}:\n{result.stdout[-3000:]}"
+        assert result.returncode == death_code(new[0]), \
+            f"run {attempt} died at {new[0]} with {result.returncode}:\n{result.stdout[-3000:]}"
     else:
         pytest.fail(f"the pipeline never caught up after {len(deaths)} deaths; logs in {tmp_path}")
     fired = {p.name for p in markers.iterdir()}
@@ -149,6 +157,6 @@ def test_row_sinks_exactly_once_through_every_crash_point(mode, service_env, top
     published = read_output(kafka.bootstrap_servers, out_topic)
     assert not published_clicks_problems(published, raw), published_clicks_problems(published, raw)
     assert len(published) > 2 * TRANSACTION_SIZE
-    print(f"{mode}: {len(clicks)} clicks, {len(raw)} rows, {sum(expected.counts.values())} views, "
+    print(f"{len(clicks)} clicks, {len(raw)} rows, {sum(expected.counts.values())} views, "
           f"{len(expected.late)} late, {len(winners)} users, {len(published)} published, {len(batches)} batches, "
           f"{len(deaths)} runner deaths, {time.monotonic() - started:.0f}s")
