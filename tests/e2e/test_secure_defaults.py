@@ -1,7 +1,8 @@
 """Secure by default, on real services (issue 23; docs/running-for-real.md):
 
 - a Spark standalone cluster configured by the compose file's entrypoint (spark.authenticate, RPC encryption,
-  the shared secret) runs a job that has the secret and refuses one that has not;
+  the shared secret; a master and two workers) runs ip_count's stages exactly once (cluster mode) and refuses a
+  driver without the secret;
 - the compose file's Kafka settings, converted as the apache/kafka image converts them, on a real broker: the
   published SASL listener refuses a client without the password;
 - a Spark Connect server with a token refuses a client without it, accepts the header form the compose file
@@ -40,7 +41,7 @@ from microbatch.dev.process import free_port, listening_sockets
 from microbatch.dev.spark import SparkStandalone
 from microbatch.ledger.database import transaction
 from microbatch.runtime import cache_dir, spark_home
-from tests.e2e.helpers import assert_exactly_once, run_watching_arguments, write_test_spec
+from tests.e2e.helpers import assert_exactly_once, run_log, run_watching_arguments, write_test_spec
 
 pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).resolve().parents[2]
@@ -86,36 +87,52 @@ class ComposeConfiguredCluster(SparkStandalone):
             "PATH": os.environ["PATH"], "SPARK_AUTH_SECRET": self.secret or "", "SPARK_CONF_DIR": str(self.conf_dir)})
 
 
-def test_a_standalone_cluster_with_spark_authenticate_refuses_a_driver_without_the_secret(tmp_path: Path) -> None:
-    cluster = ComposeConfiguredCluster(tmp_path / "spark", workers=1).start()
+def test_ip_count_on_a_standalone_cluster_with_spark_authenticate_which_refuses_a_driver_without_the_secret(
+        service_env, topic, kafka, ledger_url, tmp_path: Path) -> None:
+    """Cluster mode, as the compose file configures it: the stage's spark-submit drivers run ip_count on a master
+    and two workers (separate JVMs from the pyspark wheel, the library shipped by --py-files), exactly once;
+    meanwhile no process's arguments hold the cluster's secret and every socket of the cluster, its executors and
+    the drivers is on loopback; a driver without the secret is refused."""
+    cluster = ComposeConfiguredCluster(tmp_path / "spark", workers=2, cores_per_worker=1, memory="1g").start()
     try:
         assert "spark.network.crypto.enabled true" in (cluster.conf_dir / "spark-defaults.conf").read_text()
-        submit = [str(spark_home() / "bin" / "spark-submit"), "--master", cluster.master_url]
-        env = {k: v for k, v in os.environ.items() if k != "SPARK_CONF_DIR"}
-        env.update(SPARK_LOCAL_IP="127.0.0.1", PYSPARK_PYTHON=sys.executable)
-        (tmp_path / "with_secret.py").write_text(JOB.format(name="with_secret"))
-        (tmp_path / "without_secret.py").write_text(JOB.format(name="without_secret"))
+        specs = write_test_spec(tmp_path / "pipelines", topic, max_records=3000, bootstrap=kafka.bootstrap_servers,
+                                spark_mode="submit")
+        connection = {"conn_type": "spark", "host": "spark://127.0.0.1", "port": cluster.port}
+        # client_env: the secret reaches spark-submit through SPARK_CONF_DIR, never an argument.
+        env = {**service_env, **cluster.client_env(), "MICROBATCH_PIPELINES_DIR": str(specs),
+               "AIRFLOW_CONN_SPARK_DEFAULT": json.dumps(connection)}
+        lines = generate_lines(5_000, ips=30, span_seconds=60, out_of_order=0.1, malformed=0.03, seed=31)
+        coords = produce_lines(kafka.bootstrap_servers, topic, lines)
 
-        # With the secret (SPARK_CONF_DIR, never an argument): the job runs; meanwhile no process's arguments
-        # hold the secret, and every socket of the cluster, its executors and the driver is on loopback.
-        with (tmp_path / "with.log").open("w") as out:
-            job = subprocess.Popen([*submit, str(tmp_path / "with_secret.py")], env={**env, **cluster.client_env()},
-                                   stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        with (tmp_path / "run.log").open("w") as out:
+            run = subprocess.Popen([sys.executable, "-m", "microbatch.cli", "run", "ip_count"],
+                                   env={**os.environ, **env}, stdout=out, stderr=subprocess.STDOUT,
+                                   start_new_session=True)
         seen_arguments, sockets = [], set()
-        deadline = time.monotonic() + 300
-        while job.poll() is None and time.monotonic() < deadline:
+        deadline = time.monotonic() + 600
+        while run.poll() is None and time.monotonic() < deadline:
             seen_arguments += [line[:200] for line in process_arguments() if cluster.secret in line]
-            pids = family([p.pid for p in cluster.processes] + [job.pid])
+            pids = family([p.pid for p in cluster.processes] + [run.pid])
             sockets.update(listening_sockets(pids))
             time.sleep(0.5)
-        assert job.wait(10) == 0, (tmp_path / "with.log").read_text()[-3000:]
-        assert "COUNT 1000" in (tmp_path / "with.log").read_text()
+        output = run_log((tmp_path / "run.log").read_text())
+        assert run.wait(10) == 0, output[-3000:]
+        assert f"master {cluster.master_url}" in output
+        assert_exactly_once(ledger_url, env, lines, coords, f"{topic}_out")
         assert not seen_arguments, seen_arguments
         assert {s.port for s in sockets} >= {cluster.port, cluster.webui_port}
         assert all(s.loopback_only for s in sockets), [str(s) for s in sockets if not s.loopback_only]
+        with urllib.request.urlopen(f"http://127.0.0.1:{cluster.webui_port}/json/", timeout=5) as response:
+            apps = [app["name"] for app in json.load(response)["completedapps"]]
+        assert len(apps) >= 2, apps  # one application per staged batch ran on the cluster
 
-        # Without it the master does not let the driver register: the application is given up.
-        refused = subprocess.run([*submit, str(tmp_path / "without_secret.py")], env=env, capture_output=True,
+        # Without the secret the master does not let the driver register: the application is given up.
+        submit = [str(spark_home() / "bin" / "spark-submit"), "--master", cluster.master_url]
+        plain = {k: v for k, v in os.environ.items() if k != "SPARK_CONF_DIR"}
+        plain.update(SPARK_LOCAL_IP="127.0.0.1", PYSPARK_PYTHON=sys.executable)
+        (tmp_path / "without_secret.py").write_text(JOB.format(name="without_secret"))
+        refused = subprocess.run([*submit, str(tmp_path / "without_secret.py")], env=plain, capture_output=True,
                                  text=True, timeout=240, check=False)
         output = refused.stdout + refused.stderr
         assert refused.returncode != 0 and "COUNT" not in output, output[-3000:]
@@ -124,7 +141,7 @@ def test_a_standalone_cluster_with_spark_authenticate_refuses_a_driver_without_t
         assert "authentication enabled" in master_log and "Expected SaslMessage" in master_log
         with urllib.request.urlopen(f"http://127.0.0.1:{cluster.webui_port}/json/", timeout=5) as response:
             status = json.load(response)
-        assert [app["name"] for app in status["completedapps"] + status["activeapps"]] == ["with_secret"]
+        assert "without_secret" not in [app["name"] for app in status["completedapps"] + status["activeapps"]]
     finally:
         cluster.stop()
 
