@@ -82,7 +82,7 @@ def test_unknown_failpoint_is_refused_at_declaration():
     ("plan.list_offsets=kill", r"use one of plan\.list_offsets=pause:S\."),
     ("plan.list_offsets", "not a form failpoint plan.list_offsets supports"),
     ("commit.before_commit=7", "not a form failpoint commit.before_commit supports"),
-    ("commit.before_commit=pause:1", "not a form"),
+    ("commit.after_commit=pause:1", "not a form"),
     ("publish.before_commit=pause:soon", "not a form"),
     ("publish.after_commit=sigkill", "not a form"),
 ])
