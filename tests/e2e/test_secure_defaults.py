@@ -7,20 +7,16 @@
   published SASL listener refuses a client without the password;
 - a Spark Connect server with a token refuses a client without it, accepts the header form the compose file
   uses, and the stage runs through it exactly once;
-- the local stack as `make airflow` + `make connect` run it (with Airflow as `python -m microbatch.dev.airflow`)
-  runs a scheduled batch while every socket it listens on is on 127.0.0.1, read with psutil; no process's
-  arguments, task log, `microbatch status`/`history` output, ledger page (HTML, JSON) or rendered template
-  holds a secret; and `make down` stops all of it.
+- the local stack as `make airflow` runs it: tests/e2e/test_stack_down.py (every socket on 127.0.0.1, no secret
+  anywhere a user or a process listing looks, and `make down` stops all of it).
 """
 
 from __future__ import annotations
 
 import base64
-import configparser
 import contextlib
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -33,14 +29,13 @@ from pathlib import Path
 import psutil
 import pytest
 import yaml
-from sqlalchemy import make_url, text
+from sqlalchemy import make_url
 
 from microbatch.dev.datagen import generate_lines, produce_lines
 from microbatch.dev.kafka import KafkaBroker, create_topic
 from microbatch.dev.process import free_port, listening_sockets
 from microbatch.dev.spark import SparkStandalone
-from microbatch.ledger.database import transaction
-from microbatch.runtime import cache_dir, spark_home
+from microbatch.runtime import spark_home
 from tests.e2e.helpers import assert_exactly_once, run_log, run_watching_arguments, write_test_spec
 
 pytestmark = pytest.mark.e2e
@@ -289,183 +284,3 @@ def test_spark_connect_refuses_a_client_without_its_token_and_the_stage_runs_wit
     logs = {str(path): path.read_text(errors="replace")
             for path in Path(os.environ["AIRFLOW_HOME"]).rglob("*.log") if path.stat().st_mtime >= started}
     assert not leaks({"token": token, "ledger password": password}, {"the task logs": run.log, **logs})
-
-
-# --- the local stack, as `make airflow` + `make connect` run it -----------------------------------------------
-
-# `make airflow` is `python -m microbatch.cli airflow`: the command's own code, which execs the loopback Airflow.
-MAKE_AIRFLOW = """
-from microbatch import cli
-cli.airflow()
-"""
-
-
-def user_env(cache: Path, api_port: int) -> dict[str, str]:
-    """A user's environment (none of the suite's MICROBATCH_*/AIRFLOW* settings), with this test's own cache and
-    Airflow ports off the defaults, so a developer's stack is never touched."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("MICROBATCH_", "AIRFLOW"))}
-    base = f"http://127.0.0.1:{api_port}"
-    return {**env, "MICROBATCH_CACHE_DIR": str(cache), "AIRFLOW__API__PORT": str(api_port),
-            "AIRFLOW__API__BASE_URL": base, "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{base}/execution/",
-            "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(free_port())}
-
-
-def stack_pids(cache: Path, session: int) -> list[int]:
-    """The stack's processes: in the session of its Airflow, or with this test's cache in their environment
-    (Kafka, PostgreSQL and the Connect server run in sessions of their own)."""
-    me = psutil.Process()
-    spared = {me.pid, *(p.pid for p in me.parents())}
-    found = []
-    for proc in psutil.process_iter():
-        try:
-            if proc.pid in spared or proc.status() == psutil.STATUS_ZOMBIE:
-                continue
-            if os.getsid(proc.pid) == session or proc.environ().get("MICROBATCH_CACHE_DIR") == str(cache):
-                found.append(proc.pid)
-        except (psutil.Error, ProcessLookupError):
-            continue
-    return found
-
-
-class Api:
-    def __init__(self, base: str, home: Path) -> None:
-        self.base, self.home, self.token = base, home, ""
-
-    def healthy(self) -> bool:
-        try:
-            with urllib.request.urlopen(f"{self.base}/api/v2/monitor/health", timeout=3) as response:
-                return response.status == 200
-        except (urllib.error.URLError, OSError):
-            return False
-
-    def get(self, path: str, method: str = "GET", body: dict | None = None) -> tuple[int, str]:
-        if not self.token:
-            password = json.loads((self.home / "simple_auth_manager_passwords.json.generated").read_text())["admin"]
-            request = urllib.request.Request(f"{self.base}/auth/token", method="POST",
-                                             headers={"Content-Type": "application/json"},
-                                             data=json.dumps({"username": "admin", "password": password}).encode())
-            with urllib.request.urlopen(request, timeout=20) as response:
-                self.token = json.loads(response.read())["access_token"]
-        request = urllib.request.Request(
-            f"{self.base}{path}", method=method, data=None if body is None else json.dumps(body).encode(),
-            headers={"Authorization": f"Bearer {self.token}", "Content-Type": "application/json"})
-        try:
-            with urllib.request.urlopen(request, timeout=30) as response:
-                return response.status, response.read().decode()
-        except urllib.error.HTTPError as exc:
-            return exc.code, exc.read().decode()
-
-
-def test_the_local_stack_listens_on_loopback_only_and_keeps_its_secrets(tmp_path: Path) -> None:
-    cache = tmp_path / "cache"
-    cache.mkdir()
-    for name in ("jars", "m2"):
-        (cache / name).symlink_to(cache_dir() / name)
-    api_port = free_port()
-    env = user_env(cache, api_port)
-    home = cache / "airflow"
-    api = Api(f"http://127.0.0.1:{api_port}", home)
-    state_file = cache / "devstack" / "state.json"
-
-    def stack(command: str) -> str:
-        done = subprocess.run([sys.executable, "-m", "microbatch.dev.stack", command], env=env, capture_output=True,
-                              text=True, timeout=300, check=False)
-        assert done.returncode == 0, done.stdout + done.stderr
-        return done.stdout
-
-    def microbatch(*args: str) -> str:
-        done = subprocess.run([sys.executable, "-m", "microbatch.cli", *args], env=env, capture_output=True,
-                              text=True, timeout=300, check=False)
-        assert done.returncode == 0, done.stdout + done.stderr
-        return done.stdout + done.stderr
-
-    airflow = None
-    left: list[int] = []
-    log_path = tmp_path / "make-airflow.log"
-    try:
-        stack("up")
-        connect_output = stack("connect")
-        with log_path.open("w") as log:
-            airflow = subprocess.Popen([sys.executable, "-c", MAKE_AIRFLOW], env=env, stdout=log,
-                                       stderr=subprocess.STDOUT, start_new_session=True)
-
-        def log_tail() -> str:
-            return log_path.read_text(errors="replace")[-4000:]
-
-        deadline = time.monotonic() + 300
-        while not (state_file.exists() and "airflow_pid" in json.loads(state_file.read_text()) and api.healthy()):
-            assert airflow.poll() is None, f"make airflow exited with {airflow.returncode}:\n{log_tail()}"
-            assert time.monotonic() < deadline, f"the Airflow API did not come up\n{log_tail()}"
-            time.sleep(2)
-        state = json.loads(state_file.read_text())
-        stack_env = state["env"]
-        ledger_url = stack_env["MICROBATCH_LEDGER_URL"]
-        cfg = configparser.RawConfigParser()
-        cfg.read(home / "airflow.cfg")
-        secrets = {
-            "the ledger password": make_url(ledger_url).password,
-            "the Connect token": state["connect_token"],
-            "Airflow's JWT secret": cfg.get("api_auth", "jwt_secret"),
-            "Airflow's [api] secret_key": cfg.get("api", "secret_key"),
-        }
-        assert all(secrets.values()) and state["connect_token"] in stack_env["MICROBATCH_SPARK_REMOTE"]
-        assert not leaks(secrets, {"make connect's output": connect_output})
-
-        microbatch("generate", "--count", "1500")
-        deadline = time.monotonic() + 120
-        while api.get("/api/v2/dags/ip_count", "PATCH", {"is_paused": False})[0] != 200:
-            assert time.monotonic() < deadline, f"the ip_count DAG was not parsed\n{log_tail()}"
-            time.sleep(2)
-
-        # While the scheduler plans, stages (spark-submit) and commits: every socket of every process of the
-        # stack, read again and again, and every process's arguments.
-        sockets, in_arguments = set(), []
-        deadline = time.monotonic() + 420
-        while True:
-            sockets.update(listening_sockets(stack_pids(cache, airflow.pid)))
-            in_arguments += leaks(secrets, {line[:120]: line for line in process_arguments()})
-            with transaction(ledger_url) as session:
-                committed = session.execute(text(
-                    "SELECT airflow_run_id FROM batches WHERE state = 'committed' ORDER BY id")).scalars().all()
-            if committed:
-                break
-            assert airflow.poll() is None and time.monotonic() < deadline, f"no batch was committed\n{log_tail()}"
-            time.sleep(1)
-        print("listening sockets of the stack:", *sorted(str(s) for s in sockets), sep="\n  ")
-        exposed = [str(s) for s in sockets if not s.loopback_only]
-        assert not exposed, "listening beyond loopback:\n" + "\n".join(exposed)
-        ports = {s.port for s in sockets}
-        expected = {api_port, state["kafka_port"], state["controller_port"], state["postgres_port"],
-                    state["connect_port"], int(env["AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT"])}
-        assert ports >= expected, (expected - ports, sorted(str(s) for s in sockets))
-        assert not in_arguments, in_arguments
-
-        # What a user sees and what Airflow keeps: CLI output, task logs, the ledger page, rendered templates.
-        run_id = committed[0]
-        texts = {"microbatch status": microbatch("status", "ip_count"),
-                 "microbatch history": microbatch("history", "ip_count"),
-                 "microbatch status --json": microbatch("status", "ip_count", "--json")}
-        task_logs = list((home / "logs").rglob("*.log"))
-        assert any("task_id=stage" in str(path) for path in task_logs), task_logs
-        texts.update({str(path): path.read_text(errors="replace") for path in task_logs})
-        for path in ("/microbatch/ledger", "/microbatch/api/ledger"):
-            code, body = api.get(path)
-            assert code == 200 and "ip_count" in body, (path, code, body[:500])
-            texts[path] = body
-        for task in ("plan", "stage", "commit"):
-            code, body = api.get(f"/api/v2/dags/ip_count/dagRuns/{urllib.parse.quote(run_id)}/taskInstances/{task}")
-            assert code == 200 and "rendered_fields" in body, (task, code, body[:500])
-            texts[f"the rendered fields of {task}"] = json.dumps(json.loads(body)["rendered_fields"])
-        assert not leaks(secrets, texts)
-    finally:
-        down = subprocess.run([sys.executable, "-m", "microbatch.dev.stack", "down"], env=env, capture_output=True,
-                              text=True, timeout=300, check=False)
-        if airflow is not None:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                airflow.wait(30)
-            left = stack_pids(cache, airflow.pid)
-            for pid in left:  # whatever `down` missed, so that a failure here never leaves a stack behind
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-    assert down.returncode == 0, down.stdout + down.stderr
-    assert not left, f"`make down` left processes of the stack: {left}"

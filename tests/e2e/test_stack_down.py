@@ -2,13 +2,17 @@
 shipped `ip_count` DAG unpaused and run by the scheduler (the shipped spec directory, no
 MICROBATCH_PIPELINES_DIR) as a client of the Spark Connect server that `make airflow` starts (the shipped
 `spark.mode: auto`), `make connect` (which finds that server up), then `make down`, which must leave no process
-of that stack running.
+of that stack running. Meanwhile the stack is secure by default (docs/running-for-real.md): every socket of every
+process of it listens on 127.0.0.1 only (read with psutil while the scheduler runs), and no process's arguments,
+task log, `microbatch status`/`history`/`verify` output, ledger page (HTML, JSON), rendered template or `make
+connect` output holds a secret (the ledger password, the Connect token, Airflow's JWT secret and secret key).
 
 The sink is compared with a recount of the topic's lines made here, by a parse of its own.
 """
 
 from __future__ import annotations
 
+import configparser
 import contextlib
 import ipaddress
 import json
@@ -19,6 +23,7 @@ import subprocess
 import sys
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections import Counter
 from datetime import UTC, datetime
@@ -26,12 +31,13 @@ from pathlib import Path
 
 import psutil
 import pytest
-from sqlalchemy import text
+from sqlalchemy import make_url, text
 
-from microbatch.dev.process import free_port, port_open
+from microbatch.dev.process import free_port, listening_sockets, port_open
 from microbatch.ledger.database import transaction
 from microbatch.runtime import cache_dir
 from tests.e2e.helpers import read_topic
+from tests.e2e.test_secure_defaults import leaks, process_arguments
 
 pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).resolve().parents[2]
@@ -113,6 +119,10 @@ class Api:
             return False
 
     def call(self, method: str, path: str, body: dict | None = None) -> tuple[int, dict]:
+        code, answer = self.text(method, path, body)
+        return code, json.loads(answer or "{}")
+
+    def text(self, method: str, path: str, body: dict | None = None) -> tuple[int, str]:
         if not self.token:
             password = json.loads((self.home / "simple_auth_manager_passwords.json.generated").read_text())["admin"]
             request = urllib.request.Request(
@@ -124,10 +134,10 @@ class Api:
             f"{self.base}{path}", method=method, data=None if body is None else json.dumps(body).encode(),
             headers={"Authorization": f"Bearer {self.token}", "Content-Type": "application/json"})
         try:
-            with urllib.request.urlopen(request, timeout=20) as response:
-                return response.status, json.loads(response.read() or b"{}")
+            with urllib.request.urlopen(request, timeout=30) as response:
+                return response.status, response.read().decode()
         except urllib.error.HTTPError as exc:
-            return exc.code, json.loads(exc.read() or b"{}")
+            return exc.code, exc.read().decode()
 
 
 def topic_lines(bootstrap: str, topic: str) -> list[bytes]:
@@ -159,7 +169,8 @@ def committed(url: str) -> list[tuple]:
             "ORDER BY id")).all()
 
 
-def test_scheduled_run_under_airflow_standalone_then_make_down_leaves_no_process(tmp_path: Path) -> None:
+def test_scheduled_run_under_make_airflow_on_loopback_without_a_secret_then_make_down_leaves_no_process(
+        tmp_path: Path) -> None:
     # A cache of its own (the jars linked from the real one), so the developer's stack is never touched.
     cache = tmp_path / "cache"
     cache.mkdir()
@@ -199,8 +210,29 @@ def test_scheduled_run_under_airflow_standalone_then_make_down_leaves_no_process
         def runs() -> str:
             return json.dumps(api.call("GET", "/api/v2/dags/ip_count/dagRuns?order_by=-run_after&limit=5")[1])[:3000]
 
-        batches = wait_for(lambda: committed(stack["MICROBATCH_LEDGER_URL"]), 300,
-                           "the scheduler committed no batch of ip_count", runs)
+        # While the scheduler plans, stages and commits: every socket of every process of the stack, read again
+        # and again, and every process's arguments, against the stack's secrets.
+        cfg = configparser.RawConfigParser()
+        cfg.read(cache / "airflow" / "airflow.cfg")
+        secrets = {"the ledger password": make_url(stack["MICROBATCH_LEDGER_URL"]).password,
+                   "the Connect token": state["connect_token"],
+                   "Airflow's JWT secret": cfg.get("api_auth", "jwt_secret"),
+                   "Airflow's [api] secret_key": cfg.get("api", "secret_key")}
+        assert all(secrets.values()) and state["connect_token"] in stack["MICROBATCH_SPARK_REMOTE"]
+        sockets, in_arguments = set(), []
+        deadline = time.monotonic() + 300
+        while not (batches := committed(stack["MICROBATCH_LEDGER_URL"])):
+            sockets.update(listening_sockets([p.pid for p in stack_processes(cache, airflow.pid)]))
+            in_arguments += leaks(secrets, {line[:120]: line for line in process_arguments()})
+            assert time.monotonic() < deadline, f"the scheduler committed no batch of ip_count\n{runs()}"
+            time.sleep(1)
+        exposed = [str(s) for s in sockets if not s.loopback_only]
+        assert not exposed, "listening beyond loopback:\n" + "\n".join(exposed)
+        ports = {s.port for s in sockets}
+        expected = {api_port, state["kafka_port"], state["controller_port"], state["postgres_port"],
+                    state["connect_port"], int(env["AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT"])}
+        assert ports >= expected, (expected - ports, sorted(str(s) for s in sockets))
+        assert not in_arguments, in_arguments
         assert all(run_id.startswith("scheduled__") for _, run_id, _ in batches), batches
         assert sum(records for *_, records in batches) == LINES
 
@@ -216,6 +248,33 @@ def test_scheduled_run_under_airflow_standalone_then_make_down_leaves_no_process
         verify = subprocess.run([sys.executable, "-m", "microbatch.cli", "verify", "ip_count"],
                                 env={**env, **stack}, capture_output=True, text=True, timeout=120, check=False)
         assert verify.returncode == 0, verify.stdout + verify.stderr
+
+        # What a user sees and what Airflow keeps holds no secret: CLI output, task logs, the ledger page,
+        # the rendered templates of each task.
+        def microbatch(*args: str) -> str:
+            done = subprocess.run([sys.executable, "-m", "microbatch.cli", *args], env={**env, **stack},
+                                  capture_output=True, text=True, timeout=120, check=False)
+            assert done.returncode == 0, done.stdout + done.stderr
+            return done.stdout + done.stderr
+
+        texts = {"microbatch status": microbatch("status", "ip_count"),
+                 "microbatch history": microbatch("history", "ip_count"),
+                 "microbatch status --json": microbatch("status", "ip_count", "--json"),
+                 "microbatch verify": verify.stdout + verify.stderr}
+        log_files = list((cache / "airflow" / "logs").rglob("*.log"))
+        assert any("task_id=stage" in str(path) for path in log_files), log_files
+        texts.update({str(path): path.read_text(errors="replace") for path in log_files})
+        for path in ("/microbatch/ledger", "/microbatch/api/ledger"):
+            code, body = api.text("GET", path)
+            assert code == 200 and "ip_count" in body, (path, code, body[:500])
+            texts[path] = body
+        run_id = batches[0][1]
+        for task in ("plan", "stage", "commit"):
+            code, body = api.text("GET", f"/api/v2/dags/ip_count/dagRuns/{urllib.parse.quote(run_id)}"
+                                         f"/taskInstances/{task}")
+            assert code == 200 and "rendered_fields" in body, (task, code, body[:500])
+            texts[f"the rendered fields of {task}"] = json.dumps(json.loads(body)["rendered_fields"])
+        assert not leaks(secrets, texts)
 
         # The stage tasks ran as clients of the stack's Spark Connect server, which `make airflow` started.
         assert port_open(state["connect_port"]) and stack["MICROBATCH_SPARK_REMOTE"]
@@ -234,6 +293,7 @@ def test_scheduled_run_under_airflow_standalone_then_make_down_leaves_no_process
                                  check=False)
         assert connect.returncode == 0, connect.stdout + connect.stderr
         assert "already up" in connect.stdout, connect.stdout
+        assert not leaks(secrets, {"make connect's output": connect.stdout + connect.stderr})
         assert json.loads(state_file.read_text())["connect_port"] == state["connect_port"]
         state = json.loads(state_file.read_text())
         assert port_open(state["connect_port"]) and "airflow_pid" in state
