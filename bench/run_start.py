@@ -65,7 +65,7 @@ def main(argv: list[str]) -> None:
     shipped, full = rows[0], rows[1]
     rows.append(["ratio (full / shipped)", round(full[1] / shipped[1], 2), round(full[2] / shipped[2], 2), ""])
     print_table("a `microbatch run` that finds nothing new (medians)", ["way", "wall s", "CPU s", "runs"], rows)
-    print(reproduce_command("bench/run_start.py", argv))
+    print(reproduce_command("run_start.py", argv))
     write_results("run_start", {"machine": machine(), "rows": rows})
 
 
