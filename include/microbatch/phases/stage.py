@@ -530,8 +530,8 @@ def _job_outputs(
 
 SOURCE_COORDINATES = ("topic", "partition", "offset")
 BROADCAST_BAD_RECORDS = 100_000
-"""Up to this many dead letters (or late records) in a batch, `_with_record_fields` broadcasts them (no shuffle of
-the read)."""
+"""Up to this many bad records (dead letters and late records) in a batch, `_with_record_fields` broadcasts them (no
+shuffle of the read)."""
 
 
 def headers_json(headers: Column) -> Column:
@@ -559,24 +559,25 @@ def _stage_bad_records(
 ) -> None:
     """Dead letters and late records keep their raw bytes, dead letters their record's Kafka key and timestamp,
     and both their headers with `include_headers`; only when the pass above saw some does a second, filtered read
-    of the same ranges (immutable offsets, so the same records) stage them."""
+    of the same ranges (immutable offsets, so the same records) stage them. The fields from the read are joined to
+    the bad rows once, for both tables, and only when some table needs them."""
     if not (dead_count or late_count):
         return
     tag = current.tag()
     headers = [headers_json(F.col(HEADERS_COLUMN)).alias(HEADERS_COLUMN)] if include_headers else []
-    bad = parsed.where(F.col(ERROR_COLUMN).isNotNull() | F.col(LATE_COLUMN)).persist(StorageLevel.MEMORY_AND_DISK)
+    bad = parsed.where(F.col(ERROR_COLUMN).isNotNull() | F.col(LATE_COLUMN)).select(
+        *SOURCE_COORDINATES, "value", ERROR_COLUMN, LATE_COLUMN, *(["event_time"] if late_count else []))
+    if dead_count or include_headers:
+        fields = [*(["key", "timestamp"] if dead_count else []), *([HEADERS_COLUMN] if include_headers else [])]
+        bad = _with_record_fields(records, bad, dead_count + late_count, fields)
+    bad = bad.persist(StorageLevel.MEMORY_AND_DISK)
     if dead_count:
-        dead = bad.where(F.col(ERROR_COLUMN).isNotNull()).select(*SOURCE_COORDINATES, "value", ERROR_COLUMN)
-        fields = ["key", "timestamp", *([HEADERS_COLUMN] if include_headers else [])]
-        _write_staging(_with_record_fields(records, dead, dead_count, fields).select(
+        _write_staging(bad.where(F.col(ERROR_COLUMN).isNotNull()).select(
             *tag, *SOURCE_COORDINATES, F.col("value").alias("raw"), F.col(ERROR_COLUMN).alias("error"),
             "key", "timestamp", *headers,
         ), "stage_dead_letters", jdbc)
     if late_count:
-        late = bad.where(F.col(LATE_COLUMN)).select(*SOURCE_COORDINATES, "event_time", "value")
-        if include_headers:
-            late = _with_record_fields(records, late, late_count, [HEADERS_COLUMN])
-        _write_staging(late.select(
+        _write_staging(bad.where(F.col(LATE_COLUMN)).select(
             *tag, *SOURCE_COORDINATES, "event_time", F.col("value").alias("raw"), *headers,
         ), "stage_late_records", jdbc)
     bad.unpersist()
