@@ -189,6 +189,11 @@ class SourceSpec(_Strict):
     """If set, Spark splits large ranges so at least this many tasks read the batch."""
     on_data_loss: OnDataLoss = OnDataLoss.FAIL
     isolation_level: Literal["read_committed", "read_uncommitted"] = "read_committed"
+    include_headers: bool = False
+    """Hand the job each record's Kafka headers too, as a `headers` column (array<struct<key: string, value:
+    binary>>, in the producer's order), and keep them with dead letters and late records (`headers`, a JSON array
+    of {"key", "value" in base64}). Off by default: the job then sees `key`, `value`, `topic`, `partition`,
+    `offset`, `timestamp` and `timestamp_type` (0 CreateTime, 1 LogAppendTime)."""
     commit_group_offsets: CommitGroupOffsets = Field(default_factory=CommitGroupOffsets)
     """Mirror the ledger into the consumer group after each commit, for lag tools only."""
 

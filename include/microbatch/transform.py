@@ -1,11 +1,12 @@
 """The contract between the platform and a pipeline's Spark job.
 
-A job is an object with four pure methods. The platform reads exactly the batch's ranges,
-calls `parse`, observes metrics and per-partition counts in the same pass (no second read
+A job is an object with four pure methods. The platform reads exactly the batch's ranges and calls `parse` with
+a DataFrame of the Kafka records (`RECORD_COLUMNS`, and `HEADERS_COLUMN` when the spec sets
+`source.include_headers`). It observes metrics and per-partition counts in the same pass (no second read
 of Kafka), sends rows whose `error` is set to the dead-letter table (with the record's Kafka
-`key` and `timestamp`, which the platform takes from the read: `parse` need not keep them), rows flagged `late`
-(their event-time window was final before the batch began) to the late-records table, and
-stages `outputs` of the rest.
+`key`, `timestamp` and, with `include_headers`, `headers`, which the platform takes from the read: `parse` need
+not keep them), rows flagged `late` (their event-time window was final before the batch began) to the
+late-records table (with their headers too), and stages `outputs` of the rest.
 Everything depends only on the records, the options and the state at the batch's start,
 so a replay gives the same result (invariant 4).
 """
@@ -18,7 +19,16 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
 
+RECORD_COLUMNS = ("key", "value", "topic", "partition", "offset", "timestamp", "timestamp_type")
+"""The records `parse` is given, one row per Kafka record: `key` and `value` (binary, null when the producer sent
+none), `topic` (string), `partition` (int), `offset` (bigint), `timestamp` (the record's Kafka timestamp) and
+`timestamp_type` (int: 0 CreateTime, set by the producer; 1 LogAppendTime, set by the broker). With
+`source.include_headers: true` in the spec, `HEADERS_COLUMN` follows them."""
+HEADERS_COLUMN = "headers"
+"""The record's headers, in the order the producer sent them: array<struct<key: string, value: binary>> (a value
+may be null; a key may repeat). Only with `source.include_headers: true`."""
 SOURCE_COLUMNS = ("topic", "partition", "offset", "value")
+"""The columns of the records that `parse` keeps in its output."""
 ERROR_COLUMN = "error"
 LATE_COLUMN = "late"
 EVENT_TIME_COLUMN = "event_time"

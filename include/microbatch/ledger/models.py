@@ -163,7 +163,8 @@ class DeadLetter(Base):
     """A record the job's parse refused (its `error`), kept with its source coordinates and raw bytes. The stage
     writes them to `stage_dead_letters` (same columns, tagged (batch_id, attempt), no primary key) and the commit
     moves them here. `key` and `timestamp` are the Kafka record's key and timestamp (migration 0013): NULL on
-    dead letters written before it."""
+    dead letters written before it. `headers` (migration 0014) are the record's Kafka headers when the spec sets
+    `source.include_headers`, else NULL: a JSON array of {"key": string, "value": base64 string or null}."""
 
     __tablename__ = "dead_letters"
     __table_args__ = (UniqueConstraint("pipeline_id", "topic", "partition", "offset", name="uq_dead_letters_source"),)
@@ -178,6 +179,7 @@ class DeadLetter(Base):
     error: Mapped[str] = mapped_column(Text)
     key: Mapped[bytes | None] = mapped_column(LargeBinary)
     timestamp: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    headers: Mapped[list[dict[str, Any]] | None] = mapped_column(JSONB)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
 
 
@@ -219,7 +221,7 @@ class LakeCommit(Base):
 class LateRecord(Base):
     """A record for an event-time window that was already final when its batch began (Flink's late side output),
     kept with the watermark that made it late. The stage writes them to `stage_late_records`, the commit moves
-    them here (migration 0002)."""
+    them here (migration 0002). `headers` as for a dead letter (migration 0014)."""
 
     __tablename__ = "late_records"
     __table_args__ = (UniqueConstraint("pipeline_id", "topic", "partition", "offset", name="uq_late_records_source"),)
@@ -233,6 +235,7 @@ class LateRecord(Base):
     event_time: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     raw: Mapped[bytes | None] = mapped_column(LargeBinary)
     watermark: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    headers: Mapped[list[dict[str, Any]] | None] = mapped_column(JSONB)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
 
 
@@ -296,8 +299,10 @@ def _bad_record_staging(name: str, *columns: Column[Any]) -> Table:
 
 STAGE_DEAD_LETTERS = _bad_record_staging(
     "stage_dead_letters", Column("raw", LargeBinary), Column("error", Text, nullable=False),
-    Column("key", LargeBinary), Column("timestamp", DateTime(timezone=True)))
-"""The stage's dead letters of an attempt (migration 0001); the commit moves them to `dead_letters`."""
+    Column("key", LargeBinary), Column("timestamp", DateTime(timezone=True)), Column("headers", Text))
+"""The stage's dead letters of an attempt (migration 0001); the commit moves them to `dead_letters`. `headers` is
+the JSON text that the commit casts to jsonb (Spark's JDBC writer sends strings as varchar)."""
 STAGE_LATE_RECORDS = _bad_record_staging(
-    "stage_late_records", Column("event_time", DateTime(timezone=True)), Column("raw", LargeBinary))
+    "stage_late_records", Column("event_time", DateTime(timezone=True)), Column("raw", LargeBinary),
+    Column("headers", Text))
 """The stage's late records of an attempt (migration 0002); the commit moves them to `late_records`."""

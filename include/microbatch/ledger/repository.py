@@ -654,16 +654,16 @@ def move_staged_bad_records(session: Session, pipeline_id: int, batch_id: int, a
     dead = session.execute(
         text(
             f'INSERT INTO {DeadLetter.__tablename__} (pipeline_id, batch_id, topic, partition, "offset", raw, error, '
-            '"key", "timestamp") SELECT :pipeline_id, batch_id, topic, partition, "offset", raw, error, "key", '
-            f'"timestamp" FROM {staged_rows(STAGE_DEAD_LETTERS.name)}'
+            '"key", "timestamp", headers) SELECT :pipeline_id, batch_id, topic, partition, "offset", raw, error, '
+            f'"key", "timestamp", CAST(headers AS jsonb) FROM {staged_rows(STAGE_DEAD_LETTERS.name)}'
         ),
         params,
     ).rowcount
     late = session.execute(
         text(
             f'INSERT INTO {LateRecord.__tablename__} (pipeline_id, batch_id, topic, partition, "offset", event_time, '
-            'raw, watermark) SELECT :pipeline_id, batch_id, topic, partition, "offset", event_time, raw, :watermark '
-            f"FROM {staged_rows(STAGE_LATE_RECORDS.name)}"
+            'raw, watermark, headers) SELECT :pipeline_id, batch_id, topic, partition, "offset", event_time, raw, '
+            f":watermark, CAST(headers AS jsonb) FROM {staged_rows(STAGE_LATE_RECORDS.name)}"
         ),
         {**params, "watermark": watermark},
     ).rowcount

@@ -40,7 +40,7 @@ from microbatch.settings import KafkaSettings
 from microbatch.sinks.base import Sink
 from microbatch.sinks.registry import sinks_of
 from microbatch.spark_remote import bound_retries, is_closed_session, is_unavailable, shared_session_id, with_session_id
-from microbatch.transform import ERROR_COLUMN, LATE_COLUMN, SparkJob
+from microbatch.transform import ERROR_COLUMN, HEADERS_COLUMN, LATE_COLUMN, RECORD_COLUMNS, SparkJob
 from microbatch.types import OffsetRange, TopicPartition
 
 log = logging.getLogger(__name__)
@@ -65,9 +65,11 @@ def load_job(spec: PipelineSpec) -> SparkJob:
 
 
 def kafka_read_options(
-    ranges: list[OffsetRange], kafka: KafkaSettings, isolation_level: str, min_partitions: int = 0
+    ranges: list[OffsetRange], kafka: KafkaSettings, isolation_level: str, min_partitions: int = 0,
+    include_headers: bool = False,
 ) -> dict[str, str]:
-    """Options of Spark's Kafka source that read exactly `ranges` and fail on missing offsets."""
+    """Options of Spark's Kafka source that read exactly `ranges` and fail on missing offsets (and read the
+    records' headers with `include_headers`)."""
     assign: dict[str, list[int]] = {}
     starting: dict[str, dict[str, int]] = {}
     ending: dict[str, dict[str, int]] = {}
@@ -87,11 +89,28 @@ def kafka_read_options(
         # A range is read up to a known end, often the log end: the broker's default 500 ms long poll for
         # more data then stalls every task once (1,000 records over 8 partitions: 2.3 s -> 0.22 s warm).
         "kafka.fetch.max.wait.ms": "10",
-        "includeHeaders": "false",
+        "includeHeaders": "true" if include_headers else "false",
     }
     if min_partitions:
         options["minPartitions"] = str(min_partitions)
     return options
+
+
+KAFKA_SOURCE_NAMES = {"timestampType": "timestamp_type"}
+"""The Kafka source's columns that a job sees under another name (`transform.RECORD_COLUMNS`)."""
+
+
+def record_columns(include_headers: bool) -> list[tuple[str, str]]:
+    """(the Kafka source's column, the job's name for it) of each column of the records a job is given, in the
+    order of `transform.RECORD_COLUMNS`, then the headers when the source reads them."""
+    by_job_name = {job: source for source, job in KAFKA_SOURCE_NAMES.items()}
+    names = [*RECORD_COLUMNS, *([HEADERS_COLUMN] if include_headers else [])]
+    return [(by_job_name.get(name, name), name) for name in names]
+
+
+def as_records(source: DataFrame, include_headers: bool) -> DataFrame:
+    """The Kafka source's DataFrame as the records of the job contract (`record_columns`)."""
+    return source.select(*[F.col(column).alias(name) for column, name in record_columns(include_headers)])
 
 
 def with_pooled_consumers(options: Mapping[str, str]) -> dict[str, str]:
@@ -351,7 +370,8 @@ def _stage_attempt(
     t_write = time.monotonic()
     dead_count = int(values.get("dead_letters") or 0)
     late_count = int(values.get("late_records") or 0)
-    _stage_bad_records(records, parsed, current, dead_count, late_count, jdbc)
+    _stage_bad_records(records, parsed, current, dead_count, late_count, jdbc,
+                       include_headers=spec.source.include_headers)
     write_seconds = time.monotonic() - t_write
     AFTER_WRITE.hit()
 
@@ -394,21 +414,22 @@ def _records_by_partition(
 def _kafka_records(
     spark: SparkSession, spec: PipelineSpec, ranges: list[OffsetRange], kafka: KafkaSettings
 ) -> DataFrame:
-    """Spark's Kafka source over exactly `ranges`."""
+    """The records of exactly `ranges` (`as_records`), read by Spark's Kafka source."""
     read_options = kafka_read_options(
-        ranges, kafka, spec.source.isolation_level, spec.source.min_spark_partitions)
+        ranges, kafka, spec.source.isolation_level, spec.source.min_spark_partitions, spec.source.include_headers)
     security = spark_client_options(kafka.security)
     read_kafka_through_v2(spark)  # before load(): the reader picks the V1 or V2 source there
     # The pooled group id hashes the client settings; with credentials among them it would leak a hash
     # of a secret into the broker's logs, so a secured cluster keeps Spark's fresh group id per query.
-    return spark.read.format("kafka").options(
+    source = spark.read.format("kafka").options(
         **(with_pooled_consumers(read_options) if not security else {**read_options, **security})).load()
+    return as_records(source, spec.source.include_headers)
 
 
 def _read_ranges(
     spark: SparkSession, spec: PipelineSpec, ranges: list[OffsetRange], kafka: KafkaSettings
 ) -> DataFrame:
-    """Spark's Kafka source over exactly `ranges` (with the `stage.read` failpoint when it is set)."""
+    """The records of exactly `ranges` (with the `stage.read` failpoint when it is set)."""
     records = _kafka_records(spark, spec, ranges, kafka)
     arming = READ.arming()  # decided here, in the driver or the Connect client, when the plan is built
     if arming is not None:
@@ -508,42 +529,56 @@ def _job_outputs(
 
 
 SOURCE_COORDINATES = ("topic", "partition", "offset")
-BROADCAST_DEAD_LETTERS = 100_000
-"""Up to this many dead letters in a batch, `_with_record_key_and_time` broadcasts them (no shuffle of the read)."""
+BROADCAST_BAD_RECORDS = 100_000
+"""Up to this many bad records (dead letters and late records) in a batch, `_with_record_fields` broadcasts them (no
+shuffle of the read)."""
 
 
-def _with_record_key_and_time(records: DataFrame, dead: DataFrame, dead_count: int) -> DataFrame:
-    """`dead` (parsed rows with `error` set) with the Kafka record's `key` and `timestamp` beside them.
+def headers_json(headers: Column) -> Column:
+    """The records' headers as the ledger keeps them: a JSON array of {"key": string, "value": base64 of the bytes,
+    or null}, in the producer's order (a string column; the commit casts it to jsonb). Spark's JSON writer encodes
+    binary as base64 on one line, unlike `base64()`, which breaks lines every 76 characters."""
+    return F.to_json(headers, {"ignoreNullFields": "false"})
 
-    A job's parse keeps only the source coordinates and `value` (`SOURCE_COLUMNS`), so the platform takes the two
-    from the read itself: the read's (topic, partition, offset, key, timestamp) joined on the coordinates, which
-    name one record. Only the bad-records pass does this, and only when the batch has dead letters; each record of
-    the read then costs one probe of a hash table of the dead letters, broadcast to the executors (no shuffle of
+
+def _with_record_fields(records: DataFrame, rows: DataFrame, count: int, fields: list[str]) -> DataFrame:
+    """`rows` (parsed rows of `count` bad records) with the Kafka record's `fields` beside them.
+
+    A job's parse keeps only the source coordinates and `value` (`SOURCE_COLUMNS`), so the platform takes the
+    fields from the read itself: the read's (topic, partition, offset, *fields) joined on the coordinates, which
+    name one record. Only the bad-records pass does this, and only when the batch has bad records; each record of
+    the read then costs one probe of a hash table of the bad records, broadcast to the executors (no shuffle of
     the read) while they are few. The offsets are immutable, so both sides read the same records."""
-    source = records.select(*SOURCE_COORDINATES, "key", "timestamp")
-    return source.join(F.broadcast(dead) if dead_count <= BROADCAST_DEAD_LETTERS else dead, list(SOURCE_COORDINATES))
+    source = records.select(*SOURCE_COORDINATES, *fields)
+    return source.join(F.broadcast(rows) if count <= BROADCAST_BAD_RECORDS else rows, list(SOURCE_COORDINATES))
 
 
 def _stage_bad_records(
     records: DataFrame, parsed: DataFrame, current: _Attempt, dead_count: int, late_count: int,
-    jdbc: Mapping[str, str],
+    jdbc: Mapping[str, str], *, include_headers: bool,
 ) -> None:
-    """Dead letters and late records keep their raw bytes, and dead letters their record's Kafka key and timestamp;
-    only when the pass above saw some does a second, filtered read of the same ranges (immutable offsets, so the
-    same records) stage them."""
+    """Dead letters and late records keep their raw bytes, dead letters their record's Kafka key and timestamp,
+    and both their headers with `include_headers`; only when the pass above saw some does a second, filtered read
+    of the same ranges (immutable offsets, so the same records) stage them. The fields from the read are joined to
+    the bad rows once, for both tables, and only when some table needs them."""
     if not (dead_count or late_count):
         return
     tag = current.tag()
-    bad = parsed.where(F.col(ERROR_COLUMN).isNotNull() | F.col(LATE_COLUMN)).persist(StorageLevel.MEMORY_AND_DISK)
+    headers = [headers_json(F.col(HEADERS_COLUMN)).alias(HEADERS_COLUMN)] if include_headers else []
+    bad = parsed.where(F.col(ERROR_COLUMN).isNotNull() | F.col(LATE_COLUMN)).select(
+        *SOURCE_COORDINATES, "value", ERROR_COLUMN, LATE_COLUMN, *(["event_time"] if late_count else []))
+    if dead_count or include_headers:
+        fields = [*(["key", "timestamp"] if dead_count else []), *([HEADERS_COLUMN] if include_headers else [])]
+        bad = _with_record_fields(records, bad, dead_count + late_count, fields)
+    bad = bad.persist(StorageLevel.MEMORY_AND_DISK)
     if dead_count:
-        dead = bad.where(F.col(ERROR_COLUMN).isNotNull()).select(*SOURCE_COORDINATES, "value", ERROR_COLUMN)
-        _write_staging(_with_record_key_and_time(records, dead, dead_count).select(
+        _write_staging(bad.where(F.col(ERROR_COLUMN).isNotNull()).select(
             *tag, *SOURCE_COORDINATES, F.col("value").alias("raw"), F.col(ERROR_COLUMN).alias("error"),
-            "key", "timestamp",
+            "key", "timestamp", *headers,
         ), "stage_dead_letters", jdbc)
     if late_count:
         _write_staging(bad.where(F.col(LATE_COLUMN)).select(
-            *tag, "topic", "partition", "offset", "event_time", F.col("value").alias("raw"),
+            *tag, *SOURCE_COORDINATES, "event_time", F.col("value").alias("raw"), *headers,
         ), "stage_late_records", jdbc)
     bad.unpersist()
 
