@@ -51,7 +51,7 @@ def security_env(password: str) -> dict[str, str]:
 def test_pipeline_on_a_sasl_cluster(sasl_broker, ledger_url, tmp_path):
     topic = "sasl_source"
     create_topic(sasl_broker.bootstrap_servers, topic, 4)
-    specs = write_test_spec(tmp_path / "pipelines", topic, max_records=400, bootstrap=sasl_broker.bootstrap_servers,
+    specs = write_test_spec(tmp_path / "pipelines", topic, max_records=800, bootstrap=sasl_broker.bootstrap_servers,
                             spark_mode="submit")
     producer = KafkaProducer(bootstrap_servers=sasl_broker.bootstrap_servers, acks="all")
     ips = [f"10.2.0.{i % 9}" for i in range(800)]

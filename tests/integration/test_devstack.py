@@ -3,6 +3,7 @@ restart with their data, and stop, leaving their ports closed."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import psycopg
@@ -18,11 +19,19 @@ pytestmark = pytest.mark.integration
 
 
 def _consume_all(bootstrap: str, topic: str, partitions: int) -> list[tuple[int, bytes]]:
+    """Every record of `topic`, read until each partition's position reaches its end offset (not an idle wait)."""
     consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, auto_offset_reset="earliest",
-                             isolation_level="read_committed", consumer_timeout_ms=5000)
+                             isolation_level="read_committed", consumer_timeout_ms=60_000)
     try:
-        consumer.assign([TopicPartition(topic, p) for p in range(partitions)])
-        return sorted((m.partition, m.value) for m in consumer)
+        tps = [TopicPartition(topic, p) for p in range(partitions)]
+        consumer.assign(tps)
+        ends = consumer.end_offsets(tps)
+        records, deadline = [], time.monotonic() + 60
+        while any(consumer.position(tp) < ends[tp] for tp in tps):
+            assert time.monotonic() < deadline, f"not all of {ends} read in 60 s"
+            for batch in consumer.poll(timeout_ms=1000).values():
+                records += [(m.partition, m.value) for m in batch]
+        return sorted(records)
     finally:
         consumer.close()
 

@@ -15,6 +15,11 @@ from microbatch.settings import KafkaSettings
 
 log = logging.getLogger(__name__)
 
+# A development broker (the local stack, the tests, the chaos harness) moves thousands of records, not millions:
+# the client compiler only and the serial collector start it with about half the CPU of C2 and G1 (measured in
+# docs/performance.md), which a 2-core laptop running Spark beside it feels. A production broker is not this class.
+DEV_JVM_OPTIONS = ("-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC")
+
 
 class KafkaBroker:
     """A KRaft broker+controller in one JVM, with its data under `work_dir`: a single node by default, or node
@@ -114,7 +119,7 @@ class KafkaBroker:
     def _java(self, main: str, *args: str, wait: bool = False) -> subprocess.Popen[bytes]:
         classpath = str(ensure_jars("kafka") / "*")
         command = [
-            "java", "-Xmx512m", "-Xms128m", "-XX:+UseG1GC", "-Djava.awt.headless=true",
+            "java", "-Xmx512m", "-Xms128m", *DEV_JVM_OPTIONS, "-Djava.awt.headless=true",
             f"-Dlog4j2.configurationFile={self.work_dir / 'log4j2.properties'}",
             "-cp", classpath, main, *args,
         ]

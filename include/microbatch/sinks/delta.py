@@ -597,6 +597,8 @@ def table_view(sink: DeltaSink, limit: int, group_by: str | None = None) -> Tabl
 
 # --- the maintenance DAG (`spark_jobs/maintain_lake.py`) -----------------------------------------------
 
+LISTING_PARALLELISM = "spark.sql.sources.parallelPartitionDiscovery.parallelism"
+
 
 def maintain(spark: SparkSession, sink: DeltaSink) -> None:
     """Compact the table's small files (OPTIMIZE), then remove the files no retained version needs (VACUUM)."""
@@ -613,9 +615,11 @@ def maintain(spark: SparkSession, sink: DeltaSink) -> None:
     # A retention below Delta's 7-day floor needs its safety check off, as Delta's own docs say.
     spark.conf.set("spark.databricks.delta.retentionDurationCheck.enabled",
                    "false" if sink.maintenance.retain_hours < 168 else "true")
+    # VACUUM lists the table's directories in this many tasks (Spark's default: 10,000, whatever the size).
+    spark.conf.set(LISTING_PARALLELISM, str(sink.maintenance.listing_tasks))
     spark.sql(f"VACUUM delta.`{loc}` RETAIN {int(sink.maintenance.retain_hours)} HOURS").collect()
-    log.info("%s: VACUUM %s retaining %s hours in %.1fs", sink.name, loc, sink.maintenance.retain_hours,
-             time.monotonic() - started)
+    log.info("%s: VACUUM %s retaining %s hours, listing in %s tasks, in %.1fs", sink.name, loc,
+             sink.maintenance.retain_hours, sink.maintenance.listing_tasks, time.monotonic() - started)
 
 
 def _files(spark: SparkSession, loc: str) -> int:
