@@ -540,8 +540,9 @@ class LakeMaintenance(_Strict):
     """VACUUM keeps the files of versions younger than this (Delta's default: 7 days)."""
     listing_tasks: int = Field(default=64, ge=1)
     """Spark tasks VACUUM lists the table's directories with (`spark.sql.sources.parallelPartitionDiscovery.
-    parallelism` during VACUUM). Spark's default, 10,000, makes 10,000 tiny tasks whatever the table's size: about
-    30 s for a table of 20 files in local mode (docs/performance.md). Raise it for a table of very many partitions."""
+    parallelism` during VACUUM). Spark's default, 10,000, makes 10,000 tiny tasks whatever the table's size: 20 s
+    against 6.4 s with 64 for a table of 20 files in local mode (docs/performance.md). Raise it for a table of very
+    many partition directories."""
 
 
 class DeltaSink(SinkModel):

@@ -16,8 +16,9 @@ from microbatch.settings import KafkaSettings
 log = logging.getLogger(__name__)
 
 # A development broker (the local stack, the tests, the chaos harness) moves thousands of records, not millions:
-# the client compiler only and the serial collector start it with about half the CPU of C2 and G1 (measured in
-# docs/performance.md), which a 2-core laptop running Spark beside it feels. A production broker is not this class.
+# the client compiler only and the serial collector start it with 1.7 times less CPU than C2 and G1 (2.3 against
+# 3.9 CPU-s, bench/dev_costs.py, docs/performance.md), which a 2-core laptop running Spark beside it feels. A
+# production broker is not this class.
 DEV_JVM_OPTIONS = ("-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC")
 
 
