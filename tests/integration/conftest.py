@@ -1,4 +1,4 @@
-"""One local Spark for the integration tests that run Spark in the test process.
+"""One local Spark for the integration tests that run Spark in the test process, and a ledger at an old migration.
 
 A JVM started by pyspark keeps the classpath of its first session: a second session with `spark.jars`
 in the same process does not get Spark's Kafka source. So every in-process test shares this session,
@@ -7,9 +7,16 @@ started once with the connector jars.
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
 
 import pytest
+from sqlalchemy import Connection, text
+
+from microbatch.ledger.database import get_engine
+from microbatch.sinks.schema import migrate
 
 
 @pytest.fixture(scope="session")
@@ -24,3 +31,22 @@ def spark() -> Iterator[object]:
     session.sparkContext.setLogLevel("ERROR")
     yield session
     session.stop()
+
+
+
+@contextmanager
+def ledger_at_revision(postgres: Any, revision: str, state: str) -> Iterator[tuple[str, Connection, int, int]]:
+    """A new ledger database migrated to `revision` only, with one pipeline and one batch in `state` written as an
+    older release wrote them: (its URL, the open transaction for the rows the test adds, pipeline id, batch id),
+    committed when the block ends."""
+    name = f"t_{uuid.uuid4().hex[:10]}"
+    postgres.create_database(name)
+    url = postgres.url(name)
+    migrate(url, revision)
+    with get_engine(url).begin() as conn:
+        pipeline = conn.execute(text(
+            "INSERT INTO pipelines (name, spec_hash) VALUES ('old', 'h') RETURNING id")).scalar_one()
+        batch = conn.execute(text(
+            "INSERT INTO batches (pipeline_id, kind, state, attempt) VALUES (:p, 'scheduled', :s, 1) RETURNING id"),
+            {"p": pipeline, "s": state}).scalar_one()
+        yield url, conn, pipeline, batch

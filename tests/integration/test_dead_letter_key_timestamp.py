@@ -6,7 +6,6 @@ Spark and committed: each dead letter's key and timestamp are those kafka-python
 
 from __future__ import annotations
 
-import uuid
 from datetime import UTC, datetime
 from typing import Any
 
@@ -18,27 +17,19 @@ from sqlalchemy import select, text
 
 from microbatch.config import PIPELINES_DIR, PipelineSpec
 from microbatch.ledger import queries
-from microbatch.ledger.database import Ledger, get_engine, transaction
+from microbatch.ledger.database import Ledger, transaction
 from microbatch.ledger.models import DeadLetter
 from microbatch.phases.commit import commit_batch
 from microbatch.phases.plan import plan_next_batch
 from microbatch.settings import KafkaSettings
 from microbatch.sinks.schema import migrate
+from tests.integration.conftest import ledger_at_revision
 
 pytestmark = pytest.mark.integration
 
 
 def test_the_migration_keeps_dead_letters_written_at_0012_with_no_key_or_timestamp(postgres: Any) -> None:
-    name = f"t_{uuid.uuid4().hex[:10]}"
-    postgres.create_database(name)
-    url = postgres.url(name)
-    migrate(url, "0012")
-    with get_engine(url).begin() as conn:
-        pipeline = conn.execute(text(
-            "INSERT INTO pipelines (name, spec_hash) VALUES ('old', 'h') RETURNING id")).scalar_one()
-        batch = conn.execute(text(
-            "INSERT INTO batches (pipeline_id, kind, state, attempt) VALUES (:p, 'scheduled', 'staged', 1) "
-            "RETURNING id"), {"p": pipeline}).scalar_one()
+    with ledger_at_revision(postgres, "0012", "staged") as (url, conn, pipeline, batch):
         conn.execute(text(
             'INSERT INTO dead_letters (pipeline_id, batch_id, topic, partition, "offset", raw, error) '
             "VALUES (:p, :b, 'old-topic', 2, 7, 'not a line', 'not an access-log line')"),

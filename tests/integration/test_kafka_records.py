@@ -25,7 +25,7 @@ from sqlalchemy import select, text
 
 from microbatch.config import PIPELINES_DIR, PipelineSpec
 from microbatch.dev.kafka import create_topic
-from microbatch.ledger.database import Ledger, get_engine, transaction
+from microbatch.ledger.database import Ledger, transaction
 from microbatch.ledger.models import DeadLetter, LateRecord
 from microbatch.phases.commit import commit_batch
 from microbatch.phases.plan import plan_next_batch
@@ -33,6 +33,7 @@ from microbatch.settings import KafkaSettings
 from microbatch.sinks.schema import migrate
 from microbatch.transform import HEADERS_COLUMN, RECORD_COLUMNS
 from microbatch.types import OffsetRange
+from tests.integration.conftest import ledger_at_revision
 
 pytestmark = pytest.mark.integration
 
@@ -216,16 +217,7 @@ def test_dead_letters_and_late_records_keep_their_headers(spark, kafka, topic, l
 
 
 def test_the_migration_keeps_bad_records_written_at_0013_with_no_headers(postgres: Any) -> None:
-    name = f"t_{uuid.uuid4().hex[:10]}"
-    postgres.create_database(name)
-    url = postgres.url(name)
-    migrate(url, "0013")
-    with get_engine(url).begin() as conn:
-        pipeline = conn.execute(text(
-            "INSERT INTO pipelines (name, spec_hash) VALUES ('old', 'h') RETURNING id")).scalar_one()
-        batch = conn.execute(text(
-            "INSERT INTO batches (pipeline_id, kind, state, attempt) VALUES (:p, 'scheduled', 'committed', 1) "
-            "RETURNING id"), {"p": pipeline}).scalar_one()
+    with ledger_at_revision(postgres, "0013", "committed") as (url, conn, pipeline, batch):
         for table in ("dead_letters", "late_records"):
             extra = ("error", "'bad'") if table == "dead_letters" else ("event_time", "now()")
             conn.execute(text(
