@@ -70,6 +70,8 @@ log = logging.getLogger("microbatch.maintenance")
 WAREHOUSE_ENV = "MICROBATCH_WAREHOUSE"
 TXN_VERSION = 1
 """Delta keeps the greatest `txnVersion` per `txnAppId`; each batch has its own app id, so one version."""
+SNAPSHOT_PARTITIONS = "spark.databricks.delta.snapshotPartitions"
+"""The tasks Delta reads a table's log with into its snapshot (the sink's `snapshot_partitions`)."""
 HISTORY_WINDOW = 500
 """How many recent versions the stage searches for its batch before reading the whole history."""
 
@@ -289,6 +291,7 @@ def write_batch(df: DataFrame, sink: DeltaSink, owner: Owner, batch_id: int, att
     found = find_batch(loc, owner, batch_id)
     if found is not None:
         return found, False
+    df.sparkSession.conf.set(SNAPSHOT_PARTITIONS, str(sink.snapshot_partitions))
     key = app_id(owner, batch_id)
     metadata = commit_metadata(owner, batch_id, attempt, ranges)
     rows = df.select(*written_columns(sink))
@@ -603,6 +606,7 @@ LISTING_PARALLELISM = "spark.sql.sources.parallelPartitionDiscovery.parallelism"
 def maintain(spark: SparkSession, sink: DeltaSink) -> None:
     """Compact the table's small files (OPTIMIZE), then remove the files no retained version needs (VACUUM)."""
     loc = location(sink)
+    spark.conf.set(SNAPSHOT_PARTITIONS, str(sink.snapshot_partitions))
     before = _files(spark, loc)
     started = time.monotonic()
     optimized = spark.sql(f"OPTIMIZE delta.`{loc}`").collect()
