@@ -30,7 +30,8 @@ TABLE = "ip_counts_by_batch"
 
 def test_per_batch_contributions_stage_keys_alone_and_a_replay_recomputes_whole_batches(
         service_env, topic, kafka, ledger_url, tmp_path):
-    specs = write_test_spec(tmp_path / "pipelines", topic, max_records=700, bootstrap=kafka.bootstrap_servers)
+    specs = write_test_spec(tmp_path / "pipelines", topic, max_records=700, bootstrap=kafka.bootstrap_servers,
+                            batches_per_run=3)  # the three batches in one DAG run
     spec_path = specs / "ip_count.yaml"
     spec = yaml.safe_load(spec_path.read_text())
     spec["sinks"][0].update(table=TABLE, contributions="per_batch")
