@@ -188,7 +188,7 @@ class JsonFormat(Format[JsonSpec]):
             element = F.try_variant_get(document, _path(field.json_name or name), "variant")
             present = element.isNotNull() & ~F.is_variant_null(element)
             good = fits(element, field.sql_type)
-            value = element if field.type == "variant" else F.try_variant_get(element, "$", field.type)
+            value = element if field.sql_type.name == "variant" else F.try_variant_get(element, "$", field.type)
             columns[name] = F.when(present & good, value)
             problem = F.when(present & ~good, f"{subject} field '{name}' is not {field.sql_type.article} {field.type}")
             if name in self.spec.required:
