@@ -1,0 +1,60 @@
+"""A record's key and value, each decoded by its format, as the columns a job gets beside the record columns.
+
+Naming: a value's declared fields keep their names as top-level columns (`payment_id`, `amount_cents`), since
+they are what a job works with; a key's columns are prefixed `key_` (`key_payment_id`), and a format that names
+its one column itself is prefixed by its side (text: `value_text`, `key_text`). The binary `key` and `value`
+stay as read, so a dead letter keeps the bytes the producer sent.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from microbatch.formats.base import Format
+
+if TYPE_CHECKING:
+    from pyspark.sql import Column
+
+
+def column_name(side: str, fmt: Format[Any], name: str) -> str:
+    """The job's name of the column `name` that `fmt` decodes from the record's `side` ("key" or "value")."""
+    return name if side == "value" and fmt.declares_names else f"{side}_{name}"
+
+
+def decoded_columns(key: Format[Any], value: Format[Any]) -> dict[str, str]:
+    """The typed columns a job gets beside the record columns: name -> Spark SQL type, the key's first.
+    ValueError with one sentence when two of them share a name (Spark's names ignore case)."""
+    columns: dict[str, str] = {}
+    for side, fmt in (("key", key), ("value", value)):
+        for name, kind in fmt.columns().items():
+            column = column_name(side, fmt, name)
+            clash = next((known for known in columns if known.lower() == column.lower()), None)
+            if clash is not None:
+                raise ValueError(f"value.fields: '{name}' would be the column '{column}', which the key's format "
+                                 f"already gives; rename it and read the JSON field with `from`")
+            columns[column] = kind
+    return columns
+
+
+@dataclass(frozen=True)
+class DecodedRecord:
+    """`columns`: name -> the expression of each of `decoded_columns`; `reason`: null for a record whose key
+    and value both decode, else the reasons of both, joined by '; '."""
+
+    columns: dict[str, Column]
+    reason: Column
+
+
+def decode_record(key: Format[Any], value: Format[Any], key_data: Column, value_data: Column) -> DecodedRecord:
+    """The decode of a record's binary `key_data` and `value_data` (the record columns `key` and `value`)."""
+    from pyspark.sql import functions as F
+
+    decoded_columns(key, value)  # refuses a clash before Spark reports an ambiguous column
+    columns: dict[str, Column] = {}
+    reasons = []
+    for side, fmt, data in (("key", key, key_data), ("value", value, value_data)):
+        decoded = fmt.decode(data, side)
+        columns.update({column_name(side, fmt, name): column for name, column in decoded.columns.items()})
+        reasons.append(decoded.reason)
+    return DecodedRecord(columns=columns, reason=F.nullif(F.concat_ws("; ", *reasons), F.lit("")))
