@@ -1,6 +1,6 @@
 """What the stage keeps of the records it read, besides the sinks' rows: the bad ones, staged with their raw bytes
 and tagged (batch_id, attempt) like every staged row, and the exact number read per source partition, which the
-ledger records as `staged` and the commit advances the positions by.
+ledger records with `staged`.
 
 The stage calls these after the sinks have their rows, in the order of the code: `stage_bad_records`, then
 `count_records_read`. `write_staging` is the one way the stage appends to a staging table.
