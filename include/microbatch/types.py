@@ -162,3 +162,18 @@ class StageStart:
     """The pipeline state the batch starts from, fixed as the attempt begins."""
     holes: bool = False
     """The pipeline's last read had holes (transaction markers): count per partition in the same pass."""
+    pipeline_id: int = 0
+    pipeline_uid: str = ""
+    """The ledger's identity of the pipeline, which a lakehouse sink's table commit carries."""
+
+
+@dataclass(frozen=True)
+class TableWrite:
+    """What a sink that writes its table in the stage found there or wrote: the version that holds the batch."""
+
+    location: str
+    version: int
+    rows: int
+    attempt: int
+    """The attempt that wrote the version (an earlier one when this attempt found the batch already there)."""
+    wrote: bool

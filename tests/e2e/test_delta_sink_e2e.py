@@ -232,8 +232,8 @@ ZOMBIE = textwrap.dedent("""
     from microbatch.ledger import repository as repo
     from microbatch.config import find_spec
     from microbatch.errors import ZombieAttemptError
-    from microbatch.phases.stage import _Attempt, _write_in_stage
     from microbatch.sinks import delta
+    from microbatch.sinks.base import StageContext, write_table
     from microbatch.sinks.registry import sinks_of
 
     path, batch_id, url = sys.argv[1], int(sys.argv[2]), sys.argv[3]
@@ -248,7 +248,8 @@ ZOMBIE = textwrap.dedent("""
     rows = spark.createDataFrame([(r.topic, r.partition, r.start, "zombie", "/z", None) for r in ranges],
                                  "topic string, partition int, offset bigint, user string, page string, ts timestamp")
     try:  # the stage's own path: the ledger says the batch has moved on, so the zombie writes nothing
-        _write_in_stage(spec, sinks_of(spec)[sink.name], rows, _Attempt(batch_id, 1, ranges, {}), Ledger(url))
+        write_table(sinks_of(spec)[sink.name], rows, Ledger(url),
+                    StageContext("lake", batch.pipeline_id, owner.uid, batch_id, 1, ranges))
     except ZombieAttemptError as exc:
         print("refused:", exc)
     found, wrote = delta.write_batch(rows, sink, owner, batch_id, 1, ranges)

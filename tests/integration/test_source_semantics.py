@@ -371,7 +371,8 @@ def test_observed_records_per_partition_are_exact_over_many_partitions_and_topic
     merged two partitions' bins into one."""
     from pyspark.sql import Observation
 
-    from microbatch.phases.stage import planned_by_partition, read_metrics, records_by_partition, records_read
+    from microbatch.phases.stage import read_metrics
+    from microbatch.phases.stage_records import planned_by_partition, records_by_partition, records_read
     from spark_jobs.ip_count import transform
 
     bootstrap = kafka.bootstrap_servers

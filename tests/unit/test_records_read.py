@@ -1,11 +1,11 @@
-"""The exact records per source partition from the stage's observed total (phases.stage.records_read)."""
+"""The exact records per source partition from the stage's observed total (phases.stage_records.records_read)."""
 
 from __future__ import annotations
 
 import pytest
 
 from microbatch.errors import StageFailedError
-from microbatch.phases.stage import planned_by_partition, records_read
+from microbatch.phases.stage_records import planned_by_partition, records_read
 from microbatch.types import OffsetRange
 
 PLANNED = planned_by_partition([OffsetRange("t", 0, 0, 10), OffsetRange("t", 1, 5, 8), OffsetRange("u", 0, 0, 4),

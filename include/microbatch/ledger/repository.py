@@ -278,9 +278,10 @@ def begin_attempt(session: Session, batch_id: int) -> int | None:
 
 
 def begin_stage(session: Session, batch_id: int, *, waited: bool) -> StageStart:
-    """Read the batch and take its next attempt number, with the ranges it reads and the state it starts from;
-    no attempt (`StageStart.attempt` None) if the batch is committed, no longer open, or (after `waited` for the
-    stage lock) staged by a concurrent run."""
+    """Read the batch and take its next attempt number, with all the stage needs of it: the ranges it reads, the
+    state it starts from, whether to count per partition, and its pipeline's identity; no attempt
+    (`StageStart.attempt` None) if the batch is committed, no longer open, or (after `waited` for the stage lock)
+    staged by a concurrent run."""
     batch = get_batch(session, batch_id)
     if batch.state == BatchState.COMMITTED.value or (waited and batch.state == BatchState.STAGED.value):
         return StageStart(batch.state, batch.staged_attempt, None)
@@ -292,7 +293,7 @@ def begin_stage(session: Session, batch_id: int, *, waited: bool) -> StageStart:
     # same pass; any other counts them only if this read turns out to have holes (`records_read`).
     holes = last_read_had_holes(session, batch.pipeline_id, batch_id)
     return StageStart(batch.state, batch.staged_attempt, attempt, batch_ranges(session, batch_id), state_before,
-                      holes)
+                      holes, batch.pipeline_id, pipeline_uid(session, batch.pipeline_id))
 
 
 def _stage_state_before(session: Session, batch: Batch) -> dict[str, Any]:
@@ -758,44 +759,6 @@ def add_publish_seconds(session: Session, pipeline_id: int, sink: str, after: in
              "AND seq > :a AND seq <= :z)"),
         {"s": seconds, "p": pipeline_id, "k": sink, "a": after, "z": last},
     )
-
-
-# --- lakehouse tables: which version holds a batch (`lake_commits`) -------------------------------------
-
-
-def record_lake_commit(session: Session, pipeline_id: int, sink: str, batch_id: int, attempt: int, location: str,
-                       version: int, rows: int) -> int:
-    """Keep which version of a lakehouse table holds the batch (a retry records nothing new); the version the
-    ledger holds for it now, which a caller compares with the one it found."""
-    session.execute(
-        insert(LakeCommit)
-        .values(batch_id=batch_id, sink=sink, pipeline_id=pipeline_id, attempt=attempt, location=location,
-                table_version=version, rows=rows)
-        .on_conflict_do_nothing(index_elements=[LakeCommit.batch_id, LakeCommit.sink])
-    )
-    return session.scalars(select(LakeCommit.table_version).where(
-        LakeCommit.batch_id == batch_id, LakeCommit.sink == sink)).one()
-
-
-def lake_commit(session: Session, batch_id: int, sink: str) -> LakeCommit | None:
-    """The recorded version of the sink's table that holds the batch, if any."""
-    return session.scalars(
-        select(LakeCommit).where(LakeCommit.batch_id == batch_id, LakeCommit.sink == sink)
-    ).one_or_none()
-
-
-def lake_versions(session: Session, pipeline_id: int, sink: str) -> dict[int, int]:
-    """Every batch of the pipeline recorded in the sink's table: {batch id: table version}."""
-    rows = session.execute(select(LakeCommit.batch_id, LakeCommit.table_version).where(
-        LakeCommit.pipeline_id == pipeline_id, LakeCommit.sink == sink))
-    return {batch_id: version for batch_id, version in rows}
-
-
-def lake_versions_of_batch(session: Session, pipeline_id: int, batch_id: int) -> dict[str, tuple[str, int]]:
-    """The table version per lakehouse sink that holds a batch: {sink: (location, version)}."""
-    rows = session.execute(select(LakeCommit.sink, LakeCommit.location, LakeCommit.table_version).where(
-        LakeCommit.pipeline_id == pipeline_id, LakeCommit.batch_id == batch_id))
-    return {sink: (location, version) for sink, location, version in rows}
 
 
 def batch_states(session: Session, pipeline_id: int) -> dict[int, BatchState]:

@@ -13,7 +13,6 @@ import json
 import logging
 import os
 import time
-from collections import Counter
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -27,7 +26,7 @@ from sqlalchemy.exc import OperationalError
 
 from microbatch import failpoints
 from microbatch.config import PipelineSpec
-from microbatch.errors import DataLossError, MicrobatchError, SpecError, StageFailedError, ZombieAttemptError
+from microbatch.errors import DataLossError, MicrobatchError, SpecError, StageFailedError
 from microbatch.kafka.offsets import offset_bounds, offsets_client
 from microbatch.kafka.security import spark_client_options
 from microbatch.ledger import repository as repo
@@ -35,21 +34,20 @@ from microbatch.ledger.database import Ledger, stage_lock
 from microbatch.ledger.models import BatchState
 from microbatch.phases.reporting import log_stage_summary
 from microbatch.phases.results import StageResult
+from microbatch.phases.stage_records import PARTITION_COUNTER, count_records_read, stage_bad_records, write_staging
 from microbatch.planning import data_loss_at_read, lost_ranges
 from microbatch.settings import KafkaSettings
-from microbatch.sinks.base import Sink
+from microbatch.sinks.base import Sink, StageContext, write_table
 from microbatch.sinks.registry import sinks_of
 from microbatch.spark_remote import bound_retries, is_closed_session, is_unavailable, shared_session_id, with_session_id
 from microbatch.transform import ERROR_COLUMN, HEADERS_COLUMN, LATE_COLUMN, RECORD_COLUMNS, SparkJob
-from microbatch.types import OffsetRange, TopicPartition
+from microbatch.types import OffsetRange
 
 log = logging.getLogger(__name__)
 BEFORE_READ = failpoints.point("stage.before_read")  # a hold point: the Spark job after it reads Kafka
 READ = failpoints.point("stage.read")  # a Spark Python worker dies after N records
 AFTER_WRITE = failpoints.point("stage.after_write")
 AFTER_STAGED = failpoints.point("stage.after_staged")
-BEFORE_LAKE_COMMIT = failpoints.point("stage.before_lake_commit")
-AFTER_LAKE_COMMIT = failpoints.point("stage.after_lake_commit")
 
 
 def load_job(spec: PipelineSpec) -> SparkJob:
@@ -172,10 +170,6 @@ def _crash_after_records(df: DataFrame, arming: failpoints.Arming, marker_dir: s
     return df.mapInArrow(guard, df.schema)
 
 
-def _write_staging(df: DataFrame, table: str, jdbc: Mapping[str, str]) -> None:
-    df.write.format("jdbc").options(**jdbc).option("dbtable", table).mode("append").save()
-
-
 def read_metrics(
     job: SparkJob, options: Mapping[str, Any], partition_keys: list[tuple[str, int]], *, count_partitions: bool
 ) -> dict[str, Column]:
@@ -195,52 +189,12 @@ def read_metrics(
             return same if one_topic else same & (F.col("topic") == topic)
 
         metrics.update(
-            {f"records_{i}": F.count(F.when(of(t, p), True)) for i, (t, p) in enumerate(partition_keys)})
+            {PARTITION_COUNTER.format(i): F.count(F.when(of(t, p), True)) for i, (t, p) in enumerate(partition_keys)})
     metrics["dead_letters"] = F.count(ERROR_COLUMN)
     metrics["late_records"] = F.count(F.when(F.col(LATE_COLUMN), True))
     for name, expr in job.state_metrics(options).items():
         metrics[f"state_{name}"] = expr
     return metrics
-
-
-def records_by_partition(values: Mapping[str, Any], partition_keys: list[tuple[str, int]]) -> dict[str, int]:
-    """Records read per source partition, `topic[p]` -> count, from the per-partition counters of `read_metrics`."""
-    return {str(TopicPartition(t, p)): int(values.get(f"records_{i}") or 0) for i, (t, p) in enumerate(partition_keys)}
-
-
-def planned_by_partition(ranges: list[OffsetRange]) -> dict[str, int]:
-    """Offsets the ranges hold per source partition, `topic[p]` -> count: the most records a read of them returns."""
-    planned: Counter[str] = Counter()
-    for r in ranges:
-        planned[str(r.tp)] += r.size
-    return dict(planned)
-
-
-def records_read(
-    observed: int, planned: Mapping[str, int], counted: Mapping[str, int] | None
-) -> dict[str, int] | None:
-    """The exact records read per source partition, or None when only a count per partition can tell.
-
-    A read returns each offset of its ranges at most once, so no partition yields more records than its ranges
-    hold; when the total read equals the total planned, every partition therefore yielded exactly its ranges,
-    and no per-partition counter is needed. Fewer records mean holes (transaction markers, aborted or compacted
-    records): then `counted` (per-partition counts of the same pass, or of a second read of the same ranges,
-    where records can only have been removed since) must add up to the total observed, which makes each of them
-    exact too. Anything else is a read the ledger cannot vouch for (StageFailedError, retried)."""
-    total = sum(planned.values())
-    if counted is None:
-        if observed == total:
-            return dict(planned)
-        if observed < total:
-            return None
-    elif sum(counted.values()) == observed and all(n <= planned.get(key, 0) for key, n in counted.items()):
-        return {key: int(counted.get(key, 0)) for key in planned}
-    raise StageFailedError(
-        f"The read returned {observed} records for {total} planned offsets"
-        + (f", and {sum(counted.values())} when counted per partition" if counted is not None else "")
-        + ": the counts do not add up, so the ledger cannot vouch for them.",
-        fix="Nothing was committed; the retry reads the same ranges again. If it recurs, compaction or retention "
-            "is removing records while the batch reads them: read further behind the log end.")
 
 
 def _sink_rows(spec: PipelineSpec, sink: Sink, outputs: Mapping[str, DataFrame]) -> DataFrame:
@@ -313,7 +267,8 @@ def stage_batch(
                 log.info("batch %s is %s; nothing to stage", batch_id, start.state)
             return None
         result = _stage_attempt(spark, spec, _Attempt(batch_id, start.attempt, start.ranges, start.state_before,
-                                                      start.holes), ledger, kafka)
+                                                      start.holes, start.pipeline_id, start.pipeline_uid),
+                                ledger, kafka)
         counts = {
             "records": result.records,
             "records_by_partition": result.records_by_partition,
@@ -337,6 +292,8 @@ class _Attempt:
     ranges: list[OffsetRange]
     state_before: dict[str, Any]
     count_partitions: bool = False
+    pipeline_id: int = 0
+    pipeline_uid: str = ""
 
     @property
     def partition_keys(self) -> list[tuple[str, int]]:
@@ -360,7 +317,8 @@ def _stage_attempt(
     job = load_job(spec)
     if not current.ranges:
         raise ValueError(f"batch {batch_id} has no ranges")
-    records = _read_ranges(spark, spec, current.ranges, kafka)
+    source = _kafka_records(spark, spec, current.ranges, kafka)
+    records = _with_read_failpoint(source)
     keep_observed_metrics(spark)
     parsed = job.parse(records, spec.job.options, current.state_before)
     jdbc = jdbc_options(ledger)
@@ -370,12 +328,13 @@ def _stage_attempt(
     t_write = time.monotonic()
     dead_count = int(values.get("dead_letters") or 0)
     late_count = int(values.get("late_records") or 0)
-    _stage_bad_records(records, parsed, current, dead_count, late_count, jdbc,
-                       include_headers=spec.source.include_headers)
+    stage_bad_records(records, parsed, current.tag(), dead_count, late_count, jdbc,
+                      include_headers=spec.source.include_headers)
     write_seconds = time.monotonic() - t_write
     AFTER_WRITE.hit()
 
-    by_partition = _records_by_partition(spark, spec, current, values, kafka)
+    by_partition = count_records_read(source, current.ranges, current.partition_keys, values,
+                                      counted_in_pass=current.count_partitions)
     state_metrics = {name.removeprefix("state_"): v for name, v in values.items() if name.startswith("state_")}
     return StageResult(
         batch_id=batch_id,
@@ -387,28 +346,6 @@ def _stage_attempt(
         state_after=job.next_state(current.state_before, state_metrics, spec.job.options),
         timings={"read_s": round(read_seconds, 3), "stage_write_s": round(write_seconds, 3)},
     )
-
-
-def _records_by_partition(
-    spark: SparkSession, spec: PipelineSpec, current: _Attempt, values: Mapping[str, Any], kafka: KafkaSettings
-) -> dict[str, int]:
-    """The exact records read per source partition (`records_read`), counted in a second read of the same
-    ranges when the pass had holes and no per-partition counters."""
-    observed = int(values.get("records") or 0)
-    planned = planned_by_partition(current.ranges)
-    counted = records_by_partition(values, current.partition_keys) if current.count_partitions else None
-    exact = records_read(observed, planned, counted)
-    if exact is not None:
-        return exact
-    started = time.monotonic()
-    rows = _kafka_records(spark, spec, current.ranges, kafka).groupBy("topic", "partition").count()
-    again = {str(TopicPartition(row["topic"], row["partition"])): int(row["count"]) for row in rows.collect()}
-    exact = records_read(observed, planned, again)
-    assert exact is not None
-    log.info("  %s of %s planned offsets were records (the rest: transaction markers, aborted or compacted "
-             "records); counted per partition in a second read (%.1fs)", observed, sum(planned.values()),
-             time.monotonic() - started)
-    return exact
 
 
 def _kafka_records(
@@ -430,7 +367,11 @@ def _read_ranges(
     spark: SparkSession, spec: PipelineSpec, ranges: list[OffsetRange], kafka: KafkaSettings
 ) -> DataFrame:
     """The records of exactly `ranges` (with the `stage.read` failpoint when it is set)."""
-    records = _kafka_records(spark, spec, ranges, kafka)
+    return _with_read_failpoint(_kafka_records(spark, spec, ranges, kafka))
+
+
+def _with_read_failpoint(records: DataFrame) -> DataFrame:
+    """`records`, read through the `stage.read` failpoint when it is set."""
     arming = READ.arming()  # decided here, in the driver or the Connect client, when the plan is built
     if arming is not None:
         records = _crash_after_records(records, arming, failpoints.env_marker_dir())
@@ -466,11 +407,13 @@ def _stage_outputs(
         assert sink.staging is not None
         if sink.writes_in_stage:
             rows = _sink_rows(spec, sink, outputs[sink.name]).select(*sink.staging.columns)
-            rows_by_sink[sink.name] = _write_in_stage(spec, sink, rows, current, ledger)
+            written = write_table(sink, rows, ledger, StageContext(spec.name, current.pipeline_id, current.pipeline_uid,
+                                                                   current.batch_id, current.attempt, current.ranges))
+            rows_by_sink[sink.name] = written.rows
             continue
         out = _sink_rows(spec, sink, outputs[sink.name]).select(*tag, *sink.staging.columns)
         counted = Observation(f"batch_{current.batch_id}_{current.attempt}_{sink.name}")
-        _write_staging(out.observe(counted, F.count(F.lit(1)).alias("rows")), sink.staging.table, jdbc)
+        write_staging(out.observe(counted, F.count(F.lit(1)).alias("rows")), sink.staging.table, jdbc)
         rows_by_sink[sink.name] = int(counted.get["rows"])
     if not sinks:
         observed.count()
@@ -479,30 +422,6 @@ def _stage_outputs(
     if shared:
         observed.unpersist()
     return values, rows_by_sink, read_seconds
-
-
-def _write_in_stage(spec: PipelineSpec, sink: Sink, rows: DataFrame, current: _Attempt, ledger: Ledger) -> int:
-    """Let a lakehouse sink write the batch into its table as one idempotent table commit, unless this attempt is
-    no longer the batch's current one, and record in the ledger which version holds it."""
-    with ledger.transaction() as session:
-        batch = repo.get_batch(session, current.batch_id)
-        if batch.attempt != current.attempt or batch.state != BatchState.PLANNED.value:
-            raise ZombieAttemptError(
-                f"Batch {current.batch_id} is {batch.state} at attempt {batch.attempt}; attempt {current.attempt} "
-                f"is a zombie and does not write {sink.name}.",
-                fix="Let the newer attempt finish; this run wrote nothing to the table.")
-        pipeline_id = batch.pipeline_id
-        uid = repo.pipeline_uid(session, pipeline_id)
-    BEFORE_LAKE_COMMIT.hit()
-    started = time.monotonic()
-    written = sink.write_in_stage(rows, spec.name, uid, current.batch_id, current.attempt, current.ranges)
-    log.info("  %s: %s %s rows as version %s of %s (%.1fs)", sink.name,
-             "wrote" if written.wrote else f"found (written by attempt {written.attempt})", written.rows,
-             written.version, written.location, time.monotonic() - started)
-    AFTER_LAKE_COMMIT.hit()
-    with ledger.transaction() as session:
-        sink.record_stage_write(session, pipeline_id, current.batch_id, current.attempt, written)
-    return written.rows
 
 
 def takes_late_records(sink: Sink) -> bool:
@@ -526,61 +445,6 @@ def _job_outputs(
     on_time = job.outputs(valid.where(~F.col(LATE_COLUMN)), options, state)
     with_late = job.outputs(valid, options, state) if any(takes_late_records(s) for s in sinks) else on_time
     return {sink.name: with_late if takes_late_records(sink) else on_time for sink in sinks}
-
-
-SOURCE_COORDINATES = ("topic", "partition", "offset")
-BROADCAST_BAD_RECORDS = 100_000
-"""Up to this many bad records (dead letters and late records) in a batch, `_with_record_fields` broadcasts them (no
-shuffle of the read)."""
-
-
-def headers_json(headers: Column) -> Column:
-    """The records' headers as the ledger keeps them: a JSON array of {"key": string, "value": base64 of the bytes,
-    or null}, in the producer's order (a string column; the commit casts it to jsonb). Spark's JSON writer encodes
-    binary as base64 on one line, unlike `base64()`, which breaks lines every 76 characters."""
-    return F.to_json(headers, {"ignoreNullFields": "false"})
-
-
-def _with_record_fields(records: DataFrame, rows: DataFrame, count: int, fields: list[str]) -> DataFrame:
-    """`rows` (parsed rows of `count` bad records) with the Kafka record's `fields` beside them.
-
-    A job's parse keeps only the source coordinates and `value` (`SOURCE_COLUMNS`), so the platform takes the
-    fields from the read itself: the read's (topic, partition, offset, *fields) joined on the coordinates, which
-    name one record. Only the bad-records pass does this, and only when the batch has bad records; each record of
-    the read then costs one probe of a hash table of the bad records, broadcast to the executors (no shuffle of
-    the read) while they are few. The offsets are immutable, so both sides read the same records."""
-    source = records.select(*SOURCE_COORDINATES, *fields)
-    return source.join(F.broadcast(rows) if count <= BROADCAST_BAD_RECORDS else rows, list(SOURCE_COORDINATES))
-
-
-def _stage_bad_records(
-    records: DataFrame, parsed: DataFrame, current: _Attempt, dead_count: int, late_count: int,
-    jdbc: Mapping[str, str], *, include_headers: bool,
-) -> None:
-    """Dead letters and late records keep their raw bytes, dead letters their record's Kafka key and timestamp,
-    and both their headers with `include_headers`; only when the pass above saw some does a second, filtered read
-    of the same ranges (immutable offsets, so the same records) stage them. The fields from the read are joined to
-    the bad rows once, for both tables, and only when some table needs them."""
-    if not (dead_count or late_count):
-        return
-    tag = current.tag()
-    headers = [headers_json(F.col(HEADERS_COLUMN)).alias(HEADERS_COLUMN)] if include_headers else []
-    bad = parsed.where(F.col(ERROR_COLUMN).isNotNull() | F.col(LATE_COLUMN)).select(
-        *SOURCE_COORDINATES, "value", ERROR_COLUMN, LATE_COLUMN, *(["event_time"] if late_count else []))
-    if dead_count or include_headers:
-        fields = [*(["key", "timestamp"] if dead_count else []), *([HEADERS_COLUMN] if include_headers else [])]
-        bad = _with_record_fields(records, bad, dead_count + late_count, fields)
-    bad = bad.persist(StorageLevel.MEMORY_AND_DISK)
-    if dead_count:
-        _write_staging(bad.where(F.col(ERROR_COLUMN).isNotNull()).select(
-            *tag, *SOURCE_COORDINATES, F.col("value").alias("raw"), F.col(ERROR_COLUMN).alias("error"),
-            "key", "timestamp", *headers,
-        ), "stage_dead_letters", jdbc)
-    if late_count:
-        _write_staging(bad.where(F.col(LATE_COLUMN)).select(
-            *tag, *SOURCE_COORDINATES, "event_time", F.col("value").alias("raw"), *headers,
-        ), "stage_late_records", jdbc)
-    bad.unpersist()
 
 
 def is_data_loss(exc: BaseException) -> bool:

@@ -5,7 +5,8 @@ A sink type is a subclass of `Sink` that overrides only what it does:
 - **stage** (Spark, before the commit): `staging` names the table the stage writes the job's output for this
   sink to, tagged (batch_id, attempt), and the columns it takes from that output. `None`: nothing is staged.
   A lakehouse sink (`writes_in_stage`) writes its table itself in `write_in_stage`, as one idempotent table
-  commit, and the stage keeps what it found or wrote in the ledger through `record_stage_write`.
+  commit; the stage calls `write_table(sink, ...)`, which brackets that write with the ledger's two checks
+  (`ledger/lake.table_write`: a zombie attempt writes nothing, and the version that holds the batch is recorded).
 - **backfill**: `check_replay` refuses a replay the sink cannot take, before anything is written.
 - **commit** (one Postgres transaction, the caller's session; a sink never commits): in this order, for each
   sink of the pipeline in spec order, `check_staged`, then `retract` (replay batches only), then `merge`; later
@@ -27,6 +28,8 @@ Every method takes the caller's session and runs set-based SQL inside Postgres; 
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -38,13 +41,21 @@ from sqlalchemy.dialects import postgresql
 from sqlalchemy.orm import Session
 from sqlalchemy.types import TypeEngine
 
+from microbatch import failpoints
 from microbatch.config import PipelineSpec, SinkSpec
 from microbatch.errors import MicrobatchError
 from microbatch.ledger.fragments import staged_rows
-from microbatch.types import OffsetRange
+from microbatch.ledger.lake import table_write
+from microbatch.types import OffsetRange, TableWrite
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
+
+    from microbatch.ledger.database import Ledger
+
+log = logging.getLogger(__name__)
+BEFORE_LAKE_COMMIT = failpoints.point("stage.before_lake_commit")
+AFTER_LAKE_COMMIT = failpoints.point("stage.after_lake_commit")
 
 
 def quote(identifier: str) -> str:
@@ -112,15 +123,16 @@ class Staging:
 
 
 @dataclass(frozen=True)
-class TableWrite:
-    """What a sink that writes its table in the stage found there or wrote: the version that holds the batch."""
+class StageContext:
+    """The attempt being staged, as a sink that writes its table in the stage sees it."""
 
-    location: str
-    version: int
-    rows: int
+    pipeline: str
+    pipeline_id: int
+    pipeline_uid: str
+    """The ledger's identity of the pipeline, which the table's commit carries."""
+    batch_id: int
     attempt: int
-    """The attempt that wrote the version (an earlier one when this attempt found the batch already there)."""
-    wrote: bool
+    ranges: Sequence[OffsetRange]
 
 
 @dataclass(frozen=True)
@@ -327,15 +339,9 @@ class Sink:
         """The job's output for this sink as the stage writes it (by default as the job returned it)."""
         return rows
 
-    def write_in_stage(self, rows: DataFrame, pipeline: str, pipeline_uid: str, batch_id: int, attempt: int,
-                       ranges: Sequence[OffsetRange]) -> TableWrite:
+    def write_in_stage(self, rows: DataFrame, ctx: StageContext) -> TableWrite:
         """`writes_in_stage` sinks only: write the batch's `rows` into the table as one idempotent commit that
         names the batch, unless the table already holds the batch; return the version that holds it."""
-        raise NotImplementedError(f"sink type {self.type} stages through Postgres, not in the stage")
-
-    def record_stage_write(self, session: Session, pipeline_id: int, batch_id: int, attempt: int,
-                           written: TableWrite) -> None:
-        """`writes_in_stage` sinks only: keep in the ledger which table version holds the batch."""
         raise NotImplementedError(f"sink type {self.type} stages through Postgres, not in the stage")
 
     def check_replay(self) -> None:
@@ -377,3 +383,19 @@ class Sink:
         """Delete the batch's staged rows, of every attempt."""
         if self.staging is not None:
             session.execute(text(f"DELETE FROM {quote(self.staging.table)} WHERE batch_id = :batch_id"), ctx.staged)
+
+
+def write_table(sink: Sink, rows: DataFrame, ledger: Ledger, ctx: StageContext) -> TableWrite:
+    """The stage's write of a `writes_in_stage` sink: the sink writes the batch's `rows` into its table
+    (`write_in_stage`) unless the attempt is no longer the batch's current one, and the ledger keeps which version
+    holds the batch (`ledger/lake.table_write`, in transactions of its own); the version."""
+    with table_write(ledger, ctx.pipeline_id, sink.name, ctx.batch_id, ctx.attempt) as write:
+        BEFORE_LAKE_COMMIT.hit()
+        started = time.monotonic()
+        written = sink.write_in_stage(rows, ctx)
+        log.info("  %s: %s %s rows as version %s of %s (%.1fs)", sink.name,
+                 "wrote" if written.wrote else f"found (written by attempt {written.attempt})", written.rows,
+                 written.version, written.location, time.monotonic() - started)
+        AFTER_LAKE_COMMIT.hit()
+        write.written = written
+    return written

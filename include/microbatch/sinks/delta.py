@@ -47,6 +47,7 @@ from sqlalchemy.orm import Session
 
 from microbatch.config import SOURCE_COORDINATES, DeltaSink, PipelineSpec
 from microbatch.errors import MicrobatchError, SpecError
+from microbatch.ledger import lake
 from microbatch.ledger import repository as repo
 from microbatch.ledger.models import OPEN_STATES, BatchState
 from microbatch.runtime import cache_dir
@@ -55,13 +56,13 @@ from microbatch.sinks.base import (
     CommitContext,
     LineagePlaces,
     Sink,
+    StageContext,
     Staging,
     TableView,
-    TableWrite,
     table_asset,
 )
 from microbatch.sinks.base import tombstone_sql as base_tombstone_sql
-from microbatch.types import OffsetRange
+from microbatch.types import OffsetRange, TableWrite
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -322,17 +323,6 @@ def write_batch(df: DataFrame, sink: DeltaSink, owner: Owner, batch_id: int, att
     return found, found.attempt == attempt
 
 
-def record_version(session: Session, pipeline_id: int, sink: DeltaSink, batch_id: int, attempt: int,
-                   found: LakeVersion) -> None:
-    """Keep which version holds the batch in the ledger (a retry records the same version again)."""
-    recorded = repo.record_lake_commit(session, pipeline_id, sink.name, batch_id, found.attempt or attempt,
-                                       location(sink), found.version, found.rows)
-    if recorded != found.version:
-        raise MicrobatchError(
-            f"sink '{sink.name}': batch {batch_id} is recorded in version {recorded} of {location(sink)} and "
-            f"found in version {found.version}.", fix="Run `microbatch verify`; the table holds the batch twice.")
-
-
 class DeltaTableSink(Sink):
     """The `delta` sink: the stage writes the table (see the module's docstring); the ledger's commit checks
     that the version holding the batch is recorded, and commits it."""
@@ -399,16 +389,10 @@ class DeltaTableSink(Sink):
     def maintain(self, spark: SparkSession) -> None:
         maintain(spark, self.spec)
 
-    def write_in_stage(self, rows: DataFrame, pipeline: str, pipeline_uid: str, batch_id: int, attempt: int,
-                       ranges: Sequence[OffsetRange]) -> TableWrite:
-        found, wrote = write_batch(rows, self.spec, Owner(pipeline, pipeline_uid, self.name), batch_id, attempt,
-                                   ranges)
+    def write_in_stage(self, rows: DataFrame, ctx: StageContext) -> TableWrite:
+        found, wrote = write_batch(rows, self.spec, Owner(ctx.pipeline, ctx.pipeline_uid, self.name), ctx.batch_id,
+                                   ctx.attempt, ctx.ranges)
         return TableWrite(self.lake_location, found.version, found.rows, found.attempt, wrote)
-
-    def record_stage_write(self, session: Session, pipeline_id: int, batch_id: int, attempt: int,
-                           written: TableWrite) -> None:
-        record_version(session, pipeline_id, self.spec, batch_id, attempt,
-                       LakeVersion(written.version, written.rows, written.attempt))
 
     def check_replay(self) -> None:
         """An upsert table keeps each key's winner only, not the history a replay recomputes it from."""
@@ -419,13 +403,13 @@ class DeltaTableSink(Sink):
                 fix="Replay into a pipeline without it, or use a postgres_upsert sink, which keeps the history.")
 
     def check_staged(self, session: Session, ctx: CommitContext, recorded: int) -> None:
-        if repo.lake_commit(session, ctx.batch_id, self.name) is None:
+        if lake.lake_commit(session, ctx.batch_id, self.name) is None:
             raise MicrobatchError(
                 f"Batch {ctx.batch_id}: no version of {self.lake_location} is recorded for sink {self.name}.",
                 fix="Nothing was committed; the retry stages the batch, which finds or writes its version.")
 
     def merge(self, session: Session, ctx: CommitContext) -> int | None:
-        recorded = repo.lake_commit(session, ctx.batch_id, self.name)
+        recorded = lake.lake_commit(session, ctx.batch_id, self.name)
         assert recorded is not None, "check_staged refuses a batch without a recorded version"
         return recorded.rows
 
@@ -534,7 +518,7 @@ def audit(session: Session, spec: PipelineSpec, sinks: Sequence[DeltaSink], pipe
     states = repo.batch_states(session, pipeline_id)
     for sink in sinks:
         loc = location(sink)
-        recorded = repo.lake_versions(session, pipeline_id, sink.name)
+        recorded = lake.lake_versions(session, pipeline_id, sink.name)
         if existing_table(loc) is None:
             problems.append(f"delta {sink.name}: no table at {loc}")
             continue
@@ -569,7 +553,7 @@ def audit(session: Session, spec: PipelineSpec, sinks: Sequence[DeltaSink], pipe
 
 def holding_version(session: Session, pipeline_id: int, batch_id: int) -> dict[str, tuple[str, int]]:
     """The table version per lakehouse sink that holds a batch: {sink: (location, version)}."""
-    return repo.lake_versions_of_batch(session, pipeline_id, batch_id)
+    return lake.lake_versions_of_batch(session, pipeline_id, batch_id)
 
 
 def table_view(sink: DeltaSink, limit: int, group_by: str | None = None) -> TableView:
