@@ -24,6 +24,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import psutil
 import yaml
@@ -521,3 +522,20 @@ def write_results(name: str, payload: dict) -> Path:
 def machine() -> dict:
     return {"cpus": os.cpu_count(), "load_avg_at_start": os.getloadavg(),
             "memory_gb": round(psutil.virtual_memory().total / 2**30, 1), "time": datetime.now(UTC).isoformat()}
+
+
+def local_delta_session(app_name: str) -> Any:
+    """A local Spark session (2 cores, no UI, 2 shuffle partitions) with the project's jars and every sink type's
+    static settings (Delta's extension and catalog), for benchmarks of Delta operations in-process."""
+    from pyspark.sql import SparkSession
+
+    from microbatch.runtime import spark_jars
+    from microbatch.sinks.registry import any_spark_session_conf
+
+    builder = (SparkSession.builder.master("local[2]").appName(app_name)
+               .config("spark.jars", ",".join(str(p) for p in spark_jars()))
+               .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
+               .config("spark.sql.shuffle.partitions", "2"))
+    for key, value in any_spark_session_conf().items():
+        builder = builder.config(key, value)
+    return builder.getOrCreate()

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import machine, median, print_table, reproduce_command, write_results
+from common import local_delta_session, machine, median, print_table, reproduce_command, write_results
 
 from microbatch.config import DeltaSink
 from microbatch.sinks.delta import SNAPSHOT_PARTITIONS
@@ -29,19 +29,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rows", type=int, default=25, help="rows per commit (a small batch)")
     args = parser.parse_args(argv)
 
-    from pyspark.sql import SparkSession
-
-    from microbatch.runtime import spark_jars
-    from microbatch.sinks.registry import any_spark_session_conf
-
     shipped = DeltaSink.model_fields["snapshot_partitions"].default
-    builder = (SparkSession.builder.master("local[2]").appName("bench-delta-commit")
-               .config("spark.jars", ",".join(str(p) for p in spark_jars()))
-               .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
-               .config("spark.sql.shuffle.partitions", "2"))
-    for key, value in any_spark_session_conf().items():
-        builder = builder.config(key, value)
-    spark = builder.getOrCreate()
+    spark = local_delta_session("bench-delta-commit")
     seconds: dict[int, list[float]] = {shipped: [], DELTA_DEFAULT: []}
     with tempfile.TemporaryDirectory(prefix="mb-bench-delta-commit-") as tmp:
         paths = {n: str(Path(tmp) / f"partitions_{n}") for n in seconds}

@@ -22,7 +22,7 @@ from pathlib import Path
 import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import machine, median, print_table, reproduce_command, write_results
+from common import local_delta_session, machine, median, print_table, reproduce_command, write_results
 
 from microbatch.dev import kafka as devkafka
 from microbatch.sinks.delta import LISTING_PARALLELISM
@@ -65,18 +65,7 @@ def bench_broker(pairs: int) -> dict:
 
 
 def bench_vacuum(pairs: int, files: int) -> dict:
-    from pyspark.sql import SparkSession
-
-    from microbatch.runtime import spark_jars
-    from microbatch.sinks.registry import any_spark_session_conf
-
-    builder = (SparkSession.builder.master("local[2]").appName("bench-dev-costs")
-               .config("spark.jars", ",".join(str(p) for p in spark_jars()))
-               .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
-               .config("spark.sql.shuffle.partitions", "2"))
-    for key, value in any_spark_session_conf().items():
-        builder = builder.config(key, value)
-    spark = builder.getOrCreate()
+    spark = local_delta_session("bench-dev-costs")
     spark.conf.set("spark.databricks.delta.retentionDurationCheck.enabled", "false")
     times: dict[int, list[float]] = {64: [], SPARK_DEFAULT_LISTING: []}
     with tempfile.TemporaryDirectory(prefix="mb-bench-vacuum-") as tmp:
