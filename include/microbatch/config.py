@@ -32,6 +32,10 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from microbatch.errors import SpecError
+from microbatch.formats.base import Format
+from microbatch.formats.raw import RawSpec
+from microbatch.formats.record import decoded_columns, record_key_columns
+from microbatch.formats.registry import FormatSpecs, format_for
 
 PIPELINES_DIR = Path(__file__).resolve().parent.parent / "pipelines"
 PIPELINES_DIR_ENV = "MICROBATCH_PIPELINES_DIR"
@@ -196,6 +200,16 @@ class SourceSpec(_Strict):
     `offset`, `timestamp` and `timestamp_type` (0 CreateTime, 1 LogAppendTime)."""
     commit_group_offsets: CommitGroupOffsets = Field(default_factory=CommitGroupOffsets)
     """Mirror the ledger into the consumer group after each commit, for lag tools only."""
+    key: FormatSpecs = Field(default_factory=RawSpec)
+    """The format of the record key (`formats/`): `raw` (the default: the `key` column's bytes as they are), `text`
+    (UTF-8 into `key_text`) or `json` with declared fields (each `key_<field>`). A key that its format cannot read
+    makes the record a dead letter whose reason names the field."""
+    value: FormatSpecs = Field(default_factory=RawSpec)
+    """The format of the record value: `raw` (the default: the job decodes `value` itself), `text` (`value_text`)
+    or `json` with declared fields (`fields: {payment_id: string, amount_cents: bigint}`, optional `required`),
+    each a typed column of the same name. The decode runs in the read's pass; a value that its format cannot read
+    (not JSON, a field of another type, a required field missing) is a dead letter whose reason names the field. A
+    null value (a tombstone) decodes to null columns and is never bad."""
 
     @model_validator(mode="before")
     @classmethod
@@ -266,6 +280,31 @@ class SourceSpec(_Strict):
             )
         return self
 
+    @model_validator(mode="after")
+    def _decoded_names(self) -> SourceSpec:
+        columns = decoded_columns(self.key_format, self.value_format)  # refuses two columns of one name
+        for name in columns:
+            if name.lower() in JOB_COLUMN_NAMES:
+                raise ValueError(f"value.fields: '{name}' is a column the job adds itself ({name} of "
+                                 f"transform.py's contract); rename it and read the JSON field with `from`, e.g. "
+                                 f"`{name}_field: {{type: {columns[name]}, from: {name}}}`")
+        return self
+
+    @property
+    def key_format(self) -> Format[Any]:
+        """The format that decodes the record key."""
+        return format_for(self.key)
+
+    @property
+    def value_format(self) -> Format[Any]:
+        """The format that decodes the record value."""
+        return format_for(self.value)
+
+    @property
+    def decodes(self) -> bool:
+        """Whether the platform decodes the key or the value (a format other than `raw`)."""
+        return bool(self.key_format.columns() or self.value_format.columns())
+
     @property
     def group_id(self) -> str | None:
         """The consumer group of the mirror, if the spec names one."""
@@ -321,6 +360,12 @@ ColumnType = Literal["text", "bigint", "integer", "smallint", "double precision"
 
 SOURCE_COORDINATES = ("topic", "partition", "offset")
 """Columns the platform adds to row sinks: where each row came from. A spec may not declare them."""
+JOB_COLUMN_NAMES = ("error", "late")
+"""Columns of the job contract (`transform.py`) that `parse` adds to the records: no decoded column may take them."""
+KEYS_FROM = Literal["columns", "record_key"]
+"""Where an upsert sink's keys come from: the `keys` it lists (columns of the job's output), or the record key
+(`record_key`: the decoded key's columns, `formats.record.record_key_columns`), with a tombstone (a record whose
+value is null) as the delete of its key."""
 
 
 class SinkModel(_Strict):
@@ -339,6 +384,11 @@ class SinkModel(_Strict):
         `sinks` (by name)."""
         return None
 
+    @property
+    def keyed_by_record(self) -> bool:
+        """An upsert keyed by the record key (`keys_from: record_key`): its tombstones are deletes of their keys."""
+        return getattr(self, "keys_from", "columns") == "record_key"
+
 
 def _check_columns(columns: dict[str, str]) -> dict[str, str]:
     for name in columns:
@@ -352,6 +402,41 @@ def _check_row_columns(columns: dict[str, str]) -> dict[str, str]:
     if reserved:
         raise ValueError(f"declares {', '.join(reserved)}, which the platform adds itself; remove or rename it")
     return _check_columns(columns)
+
+
+def _check_keys_given(keys_from: str, keys: list[str]) -> None:
+    if keys_from == "columns" and not keys:
+        raise ValueError("keys: list the key columns, or set keys_from: record_key to key the table by the record key")
+
+
+TIME_TYPES = ("timestamptz", "timestamp")
+
+
+def _keyed_by_record(sink: Any, source: SourceSpec) -> Any:
+    """`sink` (an upsert sink with `keys_from: record_key`) with its `keys` set to the record key's columns, which
+    it must declare; ValueError with one sentence naming the field otherwise."""
+    key_columns = record_key_columns(source.key_format)
+    where = f"sinks: upsert sink '{sink.name}'"
+    if sink.keys and list(sink.keys) != list(key_columns):
+        raise ValueError(f"{where} takes its keys from the record key ({', '.join(key_columns)}); remove its keys")
+    missing = [name for name in key_columns if name not in sink.columns]
+    if missing:
+        example = ", ".join(f"{name}: {POSTGRES_FOR_SPARK.get(key_columns[name], 'text')}" for name in missing)
+        raise ValueError(f"{where} is keyed by the record key's column(s) {', '.join(missing)}; declare them in its "
+                         f"columns, e.g. `{example}`")
+    known = {*sink.columns, *SOURCE_COORDINATES}
+    _check_upsert_columns(list(key_columns), sink.order_by, sink.delete_column, sink.columns, known=known)
+    if sink.order_by is not None and sink.columns.get(sink.order_by) not in TIME_TYPES:
+        raise ValueError(f"{where}: order_by '{sink.order_by}' must be a timestamptz or timestamp column (the record "
+                         "`timestamp` or a decoded time), since a tombstone takes part in the order by its record "
+                         "timestamp; or remove order_by to keep Kafka's order (the latest offset wins)")
+    return sink.model_copy(update={"keys": list(key_columns)})
+
+
+POSTGRES_FOR_SPARK = {"string": "text", "binary": "bytea", "bigint": "bigint", "int": "integer",
+                      "smallint": "smallint", "tinyint": "smallint", "boolean": "boolean", "double": "double precision",
+                      "float": "real", "timestamp": "timestamptz", "timestamp_ntz": "timestamp", "date": "date"}
+"""A column type to declare for a Spark SQL type, for the examples of the spec's error sentences."""
 
 
 def _check_upsert_columns(keys: list[str], order_by: str | None, delete_column: str | None,
@@ -480,7 +565,10 @@ class PostgresUpsertSink(_RowSink):
     records; a record whose `delete_column` is true, or whose non-key columns are all null, removes the key."""
 
     type: Literal["postgres_upsert"]
-    keys: list[str] = Field(min_length=1)
+    keys_from: KEYS_FROM = "columns"
+    """`record_key`: the table is keyed by the record key's columns, and a tombstone deletes its key."""
+    keys: list[str] = Field(default_factory=list)
+    """The key columns (with `keys_from: record_key`, the record key's columns, filled in by the pipeline)."""
     order_by: str | None = None
     """A column that orders the versions of a key before the source coordinates (e.g. an event time)."""
     delete_column: str | None = None
@@ -488,7 +576,9 @@ class PostgresUpsertSink(_RowSink):
 
     @model_validator(mode="after")
     def _columns_known(self) -> PostgresUpsertSink:
-        _check_upsert_columns(self.keys, self.order_by, self.delete_column, self.columns, known=set(self.columns))
+        _check_keys_given(self.keys_from, self.keys)
+        if self.keys_from == "columns":
+            _check_upsert_columns(self.keys, self.order_by, self.delete_column, self.columns, known=set(self.columns))
         return self
 
 
@@ -564,8 +654,10 @@ class DeltaSink(SinkModel):
     column `c_day` etc.)."""
     include_late: bool = True
     """Append mode: take records whose window was already final (a landing table takes every valid record)."""
+    keys_from: KEYS_FROM = "columns"
+    """Upsert mode: `record_key` keys the table by the record key's columns, and a tombstone deletes its key."""
     keys: list[str] = Field(default_factory=list)
-    """Upsert mode: the key columns (required)."""
+    """Upsert mode: the key columns (required, unless `keys_from: record_key`)."""
     order_by: str | None = None
     """Upsert mode: a column ordering the versions of a key before the source coordinates."""
     delete_column: str | None = None
@@ -590,14 +682,16 @@ class DeltaSink(SinkModel):
 
     @model_validator(mode="after")
     def _fits_the_mode(self) -> DeltaSink:
-        if self.mode == "upsert" and not self.keys:
-            raise ValueError("keys: an upsert table needs its key columns; list them in keys")
-        if self.mode == "append" and (self.keys or self.order_by or self.delete_column):
-            raise ValueError("keys: only an upsert table has keys, order_by or delete_column; set mode: upsert")
+        if self.mode == "upsert":
+            _check_keys_given(self.keys_from, self.keys)
+        if self.mode == "append" and (self.keys or self.order_by or self.delete_column or self.keys_from != "columns"):
+            raise ValueError("keys: only an upsert table has keys, keys_from, order_by or delete_column; set mode: "
+                             "upsert")
         if "_deleted" in self.columns:
             raise ValueError("columns: '_deleted' is the upsert table's tombstone flag; rename the column")
         known = {*self.columns, *SOURCE_COORDINATES}
-        _check_upsert_columns(self.keys, self.order_by, self.delete_column, self.columns, known=known)
+        if self.keys_from == "columns":
+            _check_upsert_columns(self.keys, self.order_by, self.delete_column, self.columns, known=known)
         for item in self.partition_by:
             match = _PARTITION_TRANSFORM.fullmatch(item)
             column = match and (match.group(2) or match.group(3))
@@ -758,10 +852,18 @@ class PipelineSpec(_Strict):
         names = [sink.name for sink in self.sinks]
         if len(set(names)) != len(names):
             raise ValueError("sinks: two sinks share a name; give each sink its own name")
+        keyed = [_keyed_by_record(s, self.source) if s.keyed_by_record else s for s in self.sinks]
+        if keyed != self.sinks:
+            object.__setattr__(self, "sinks", keyed)  # the record key's columns as the keys (frozen model)
         by_name = {s.name: s for s in self.sinks}
         for sink in self.sinks:
             sink.check_among(by_name)
         return self
+
+    @property
+    def record_keyed_sinks(self) -> list[str]:
+        """The upsert sinks keyed by the record key, whose tombstones the platform stages as deletes."""
+        return [s.name for s in self.sinks if s.keyed_by_record]
 
     @property
     def group_id(self) -> str:

@@ -61,7 +61,7 @@ def test_migrate_creates_then_adds_then_refuses(warehouse):
 
 
 def test_spec_refuses_what_the_modes_cannot_do():
-    for bad, words in (({"mode": "upsert"}, "needs its key columns"), ({"keys": ["user"]}, "only an upsert"),
+    for bad, words in (({"mode": "upsert"}, "list the key columns"), ({"keys": ["user"]}, "only an upsert"),
                        ({"partition_by": ["day(user)"]}, "needs a timestamp"),
                        ({"partition_by": ["nosuch"]}, "neither a column"),
                        ({"columns": {"offset": "bigint"}}, "platform adds itself")):

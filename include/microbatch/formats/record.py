@@ -58,3 +58,10 @@ def decode_record(key: Format[Any], value: Format[Any], key_data: Column, value_
         columns.update({column_name(side, fmt, name): column for name, column in decoded.columns.items()})
         reasons.append(decoded.reason)
     return DecodedRecord(columns=columns, reason=F.nullif(F.concat_ws("; ", *reasons), F.lit("")))
+
+
+def record_key_columns(key: Format[Any]) -> dict[str, str]:
+    """The columns that stand for the record key, name -> Spark SQL type: the decoded key's (`key_text`,
+    `key_<field>`), or the `key` bytes themselves for a `raw` key. An upsert sink with `keys_from: record_key` is
+    keyed by them."""
+    return {column_name("key", key, name): kind for name, kind in key.columns().items()} or {"key": "binary"}

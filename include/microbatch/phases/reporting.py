@@ -63,6 +63,12 @@ def log_stage_summary(log: logging.Logger, result: StageResult) -> None:
              result.timings.get("read_s", 0.0), result.timings.get("stage_write_s", 0.0))
     for partition, count in sorted(result.records_by_partition.items()):
         log.info("  %s: %s records read", partition, count)
+    if result.decode:
+        formats = result.decode.get("formats", {})
+        log.info("  decoded the key as %s and the value as %s in the read: %s record(s) did not decode (dead letters "
+                 "with the reason), %s tombstone(s) staged as deletes of their keys",
+                 formats.get("key", {}).get("format", "raw"), formats.get("value", {}).get("format", "raw"),
+                 result.decode.get("undecodable", 0), result.decode.get("tombstones", 0))
 
 
 def log_commit_summary(log: logging.Logger, pipeline: str, result: CommitResult) -> None:

@@ -19,6 +19,10 @@ class StageResult:
     late_records: int
     state_after: dict[str, Any]
     timings: dict[str, float] = field(default_factory=dict)
+    decode: dict[str, Any] = field(default_factory=dict)
+    """When the spec decodes or a sink is keyed by the record key: `formats` (each side's `Format.pins()`, what a
+    replay must decode the same way), `undecodable` (dead letters among `dead_letters`) and `tombstones` (staged
+    as deletes by the record-keyed sinks, not given to the job)."""
 
     @property
     def records(self) -> int:

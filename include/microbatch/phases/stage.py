@@ -34,7 +34,16 @@ from microbatch.ledger.database import Ledger, stage_lock
 from microbatch.ledger.models import BatchState
 from microbatch.phases.reporting import log_stage_summary
 from microbatch.phases.results import StageResult
-from microbatch.phases.stage_records import PARTITION_COUNTER, count_records_read, stage_bad_records, write_staging
+from microbatch.phases.stage_records import (
+    DECODE_ERROR,
+    PARTITION_COUNTER,
+    count_records_read,
+    decoded_records,
+    is_tombstone,
+    stage_bad_records,
+    stage_undecodable,
+    write_staging,
+)
 from microbatch.planning import data_loss_at_read, lost_ranges
 from microbatch.settings import KafkaSettings
 from microbatch.sinks.base import Sink, StageContext, write_table
@@ -174,7 +183,18 @@ def read_metrics(
     job: SparkJob, options: Mapping[str, Any], partition_keys: list[tuple[str, int]], *, count_partitions: bool
 ) -> dict[str, Column]:
     """Aggregates observed during the read: the records read, dead letters, late records and the job's state
-    metrics, and with `count_partitions` the records of each source partition too."""
+    metrics, and with `count_partitions` the records of each source partition too (`record_metrics` and
+    `job_metrics` in one observation, for a job that is given every record read)."""
+    return {**record_metrics(partition_keys, count_partitions=count_partitions), **job_metrics(job, options)}
+
+
+def record_metrics(
+    partition_keys: list[tuple[str, int]], *, count_partitions: bool, decodes: bool = False,
+    tombstones_apart: bool = False,
+) -> dict[str, Column]:
+    """Aggregates over the records read: their number, with `count_partitions` the records of each source
+    partition, with `decodes` the records their formats cannot read (`undecodable`), and with `tombstones_apart`
+    the tombstones that record-keyed sinks take instead of the job."""
     # These expressions run for every record (bench/throughput.py's executor CPU per record). One counter per
     # partition costs about 0.03 µs per partition and record (bench/stage_profile.py --pairs), so a batch counts
     # per partition only when its ranges are expected to have holes (`records_read`); Spark's histogram_numeric,
@@ -190,6 +210,17 @@ def read_metrics(
 
         metrics.update(
             {PARTITION_COUNTER.format(i): F.count(F.when(of(t, p), True)) for i, (t, p) in enumerate(partition_keys)})
+    if decodes:
+        metrics["undecodable"] = F.count(DECODE_ERROR)
+    if tombstones_apart:
+        metrics["tombstones"] = F.count(F.when(is_tombstone() & F.col(DECODE_ERROR).isNull() if decodes
+                                               else is_tombstone(), True))
+    return metrics
+
+
+def job_metrics(job: SparkJob, options: Mapping[str, Any]) -> dict[str, Column]:
+    """Aggregates over the job's parsed rows: dead letters, late records and the job's state metrics."""
+    metrics: dict[str, Column] = {}
     metrics["dead_letters"] = F.count(ERROR_COLUMN)
     metrics["late_records"] = F.count(F.when(F.col(LATE_COLUMN), True))
     for name, expr in job.state_metrics(options).items():
@@ -275,6 +306,7 @@ def stage_batch(
             "rows_by_sink": result.rows_by_sink,
             "dead_letters": result.dead_letters,
             "late_records": result.late_records,
+            **({"decode": result.decode} if result.decode else {}),
         }
         with ledger.transaction() as session:
             repo.record_staged(session, result.batch_id, result.attempt, counts, result.state_after, result.timings)
@@ -318,18 +350,21 @@ def _stage_attempt(
     if not current.ranges:
         raise ValueError(f"batch {batch_id} has no ranges")
     source = _kafka_records(spark, spec, current.ranges, kafka)
-    records = _with_read_failpoint(source)
+    read = _ReadPass.of(spec, source, current)
     keep_observed_metrics(spark)
-    parsed = job.parse(records, spec.job.options, current.state_before)
+    parsed = job.parse(read.for_job, spec.job.options, current.state_before)
     jdbc = jdbc_options(ledger)
     BEFORE_READ.hit()  # the Spark job below reads Kafka
-    values, rows_by_sink, read_seconds = _stage_outputs(spec, job, parsed, current, jdbc, ledger)
+    values, rows_by_sink, read_seconds = _stage_outputs(spec, job, parsed, current, jdbc, ledger, read)
 
     t_write = time.monotonic()
+    undecodable = int(values.get("undecodable") or 0)
     dead_count = int(values.get("dead_letters") or 0)
     late_count = int(values.get("late_records") or 0)
-    stage_bad_records(records, parsed, current.tag(), dead_count, late_count, jdbc,
+    stage_undecodable(read.decoded, current.tag(), undecodable, jdbc, include_headers=spec.source.include_headers)
+    stage_bad_records(source, parsed, current.tag(), dead_count, late_count, jdbc,
                       include_headers=spec.source.include_headers)
+    read.release()
     write_seconds = time.monotonic() - t_write
     AFTER_WRITE.hit()
 
@@ -341,11 +376,55 @@ def _stage_attempt(
         attempt=current.attempt,
         records_by_partition=by_partition,
         rows_by_sink=rows_by_sink,
-        dead_letters=dead_count,
+        dead_letters=undecodable + dead_count,
         late_records=late_count,
         state_after=job.next_state(current.state_before, state_metrics, spec.job.options),
         timings={"read_s": round(read_seconds, 3), "stage_write_s": round(write_seconds, 3)},
+        decode={} if read.observation is None else {
+            "formats": {"key": spec.source.key_format.pins(), "value": spec.source.value_format.pins()},
+            "undecodable": undecodable, "tombstones": int(values.get("tombstones") or 0)},
     )
+
+
+@dataclass(frozen=True)
+class _ReadPass:
+    """The records of one attempt as the stage's pass reads them: `decoded`, the Kafka records with the key's and
+    value's decoded columns (and `DECODE_ERROR` when the spec decodes); `for_job`, what the job's `parse` is given:
+    the records that decode, except the tombstones that record-keyed sinks take (`tombstones`, else None).
+
+    When records are held back from the job, the records read (per partition too), the undecodable ones and the
+    tombstones are counted by `observation` over every record, in the same pass; else (the default `raw` formats and
+    no record-keyed sink: the job is given every record) the job's observation counts them, as it always did."""
+
+    decoded: DataFrame
+    for_job: DataFrame
+    tombstones: DataFrame | None
+    observation: Observation | None
+    cached: DataFrame | None = None
+
+    @classmethod
+    def of(cls, spec: PipelineSpec, source: DataFrame, current: _Attempt) -> _ReadPass:
+        apart = bool(spec.record_keyed_sinks)
+        decodes = spec.source.decodes or apart  # a record-keyed pipeline refuses a record without a key
+        decoded = decoded_records(source, spec.source, spec.record_keyed_sinks)
+        records = _with_read_failpoint(decoded)  # the failpoint's worker dies in the pass that decodes
+        if not (decodes or apart):
+            return cls(decoded, records, None, None)
+        observation = Observation(f"read_{current.batch_id}_{current.attempt}")
+        metrics = record_metrics(current.partition_keys, count_partitions=current.count_partitions, decodes=decodes,
+                                 tombstones_apart=apart)
+        records = records.observe(observation, *[expr.alias(name) for name, expr in metrics.items()])
+        if apart:  # the job's rows and the tombstones are two branches of one read
+            records = records.persist(StorageLevel.MEMORY_AND_DISK)
+        readable = F.col(DECODE_ERROR).isNull() if decodes else F.lit(True)
+        for_job = records.where(readable & ~is_tombstone() if apart else readable)
+        tombstones = records.where(readable & is_tombstone()) if apart else None
+        return cls(decoded, for_job.drop(DECODE_ERROR) if decodes else for_job, tombstones, observation,
+                   records if apart else None)
+
+    def release(self) -> None:
+        if self.cached is not None:
+            self.cached.unpersist()
 
 
 def _kafka_records(
@@ -380,21 +459,25 @@ def _with_read_failpoint(records: DataFrame) -> DataFrame:
 
 def _stage_outputs(
     spec: PipelineSpec, job: SparkJob, parsed: DataFrame, current: _Attempt, jdbc: Mapping[str, str],
-    ledger: Ledger,
+    ledger: Ledger, read: _ReadPass | None = None,
 ) -> tuple[dict[str, Any], dict[str, int], float]:
-    """Write the job's output for every sink that stages rows, observing the read's metrics on the way:
-    (observed metrics, rows staged per sink, seconds)."""
+    """Write the job's output for every sink that stages rows (with the tombstones of `read` for the sinks that
+    take them), observing the read's metrics on the way: (observed metrics, rows staged per sink, seconds)."""
     options = spec.job.options
     observation = Observation(f"batch_{current.batch_id}_{current.attempt}")
-    metrics = read_metrics(job, options, current.partition_keys, count_partitions=current.count_partitions)
+    split = read is not None and read.observation is not None
+    metrics = job_metrics(job, options) if split else read_metrics(
+        job, options, current.partition_keys, count_partitions=current.count_partitions)
     observed = parsed.observe(observation, *[expr.alias(name) for name, expr in metrics.items()])
     sinks = [sink for sink in sinks_of(spec).values() if sink.staging is not None]
     lake = any(sink.writes_in_stage for sink in sinks)
+    tombstones = read.tombstones if read is not None else None
     # One sink: one Spark job reads Kafka, parses, aggregates and writes the staged rows, with the counts and
     # state metrics observed on the way; nothing is cached, so the driver and executor heap stay flat in the
     # batch size. Several sinks share one read through a cache instead, and so does a lakehouse sink, whose
-    # table write (a Delta MERGE) is not a plain action that reports the observed metrics.
-    shared = len(sinks) != 1 or lake
+    # table write (a Delta MERGE) is not a plain action that reports the observed metrics, and a sink that takes
+    # the tombstones (a second branch of the read).
+    shared = len(sinks) != 1 or lake or tombstones is not None
     if shared:
         observed = observed.persist(StorageLevel.MEMORY_AND_DISK)
     tag = current.tag()
@@ -405,19 +488,21 @@ def _stage_outputs(
         observed.count()
     for sink in sinks:
         assert sink.staging is not None
+        rows = _sink_rows(spec, sink, outputs[sink.name]).select(*sink.staging.columns)
+        if tombstones is not None and sink.takes_tombstones:
+            rows = rows.unionByName(sink.tombstone_rows(tombstones, rows))
         if sink.writes_in_stage:
-            rows = _sink_rows(spec, sink, outputs[sink.name]).select(*sink.staging.columns)
             written = write_table(sink, rows, ledger, StageContext(spec.name, current.pipeline_id, current.pipeline_uid,
                                                                    current.batch_id, current.attempt, current.ranges))
             rows_by_sink[sink.name] = written.rows
             continue
-        out = _sink_rows(spec, sink, outputs[sink.name]).select(*tag, *sink.staging.columns)
+        out = rows.select(*tag, *sink.staging.columns)
         counted = Observation(f"batch_{current.batch_id}_{current.attempt}_{sink.name}")
         write_staging(out.observe(counted, F.count(F.lit(1)).alias("rows")), sink.staging.table, jdbc)
         rows_by_sink[sink.name] = int(counted.get["rows"])
     if not sinks:
         observed.count()
-    values = observation.get
+    values = {**(read.observation.get if split else {}), **observation.get}
     read_seconds = time.monotonic() - t_read
     if shared:
         observed.unpersist()

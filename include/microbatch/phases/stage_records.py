@@ -11,15 +11,16 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pyspark import StorageLevel
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
-from microbatch.config import SOURCE_COORDINATES
+from microbatch.config import SOURCE_COORDINATES, SourceSpec
 from microbatch.errors import StageFailedError
+from microbatch.formats.record import decode_record
 from microbatch.transform import ERROR_COLUMN, HEADERS_COLUMN, LATE_COLUMN
 from microbatch.types import OffsetRange, TopicPartition
 
@@ -84,6 +85,47 @@ def stage_bad_records(
             *tag, *SOURCE_COORDINATES, "event_time", F.col("value").alias("raw"), *headers,
         ), "stage_late_records", jdbc)
     bad.unpersist()
+
+
+DECODE_ERROR = "_decode_error"
+"""The read's column of why a record's key or value does not decode (null: it does), while the stage holds it."""
+
+
+def decoded_records(records: DataFrame, source: SourceSpec, keyed_sinks: Sequence[str] = ()) -> DataFrame:
+    """`records` (the Kafka records of the job contract) with the columns the spec's key and value formats
+    decode (`formats/record.py`) after them and `DECODE_ERROR`, which with `keyed_sinks` (upsert sinks keyed by
+    the record key) also refuses a record without a key; `records` as they are when both formats are `raw` and no
+    sink is keyed by the record key. One projection of the read: the decode runs in the read's pass."""
+    if not (source.decodes or keyed_sinks):
+        return records
+    decoded = decode_record(source.key_format, source.value_format, F.col("key"), F.col("value"))
+    reason = decoded.reason
+    if keyed_sinks:
+        keyless = (f"the record has no key, and the sink{'s' if len(keyed_sinks) > 1 else ''} "
+                   f"{', '.join(keyed_sinks)} {'are' if len(keyed_sinks) > 1 else 'is'} keyed by the record key")
+        reason = F.when(F.col("key").isNull(), F.lit(keyless)).otherwise(reason)
+    return records.select("*", *[column.alias(name) for name, column in decoded.columns.items()],
+                          reason.alias(DECODE_ERROR))
+
+
+def is_tombstone() -> Column:
+    """A Kafka tombstone: a record with a key and a null value, the delete of its key (as log compaction keeps it)."""
+    return F.col("value").isNull() & F.col("key").isNotNull()
+
+
+def stage_undecodable(
+    decoded: DataFrame, tag: list[Column], count: int, jdbc: Mapping[str, str], *, include_headers: bool
+) -> None:
+    """Stage the `count` records whose key or value their format cannot read as dead letters, their reason as the
+    error, with the record's bytes, key, timestamp (and headers); only when the pass counted some does a second,
+    filtered read of the same ranges stage them."""
+    if not count:
+        return
+    headers = [headers_json(F.col(HEADERS_COLUMN)).alias(HEADERS_COLUMN)] if include_headers else []
+    write_staging(decoded.where(F.col(DECODE_ERROR).isNotNull()).select(
+        *tag, *SOURCE_COORDINATES, F.col("value").alias("raw"), F.col(DECODE_ERROR).alias("error"), "key",
+        "timestamp", *headers,
+    ), "stage_dead_letters", jdbc)
 
 
 def records_by_partition(values: Mapping[str, Any], partition_keys: list[tuple[str, int]]) -> dict[str, int]:

@@ -42,7 +42,7 @@ from sqlalchemy.orm import Session
 from sqlalchemy.types import TypeEngine
 
 from microbatch import failpoints
-from microbatch.config import PipelineSpec, SinkSpec
+from microbatch.config import SOURCE_COORDINATES, PipelineSpec, SinkSpec
 from microbatch.errors import MicrobatchError
 from microbatch.ledger.fragments import staged_rows
 from microbatch.ledger.lake import table_write
@@ -338,6 +338,29 @@ class Sink:
     def staged_rows(self, rows: DataFrame) -> DataFrame:
         """The job's output for this sink as the stage writes it (by default as the job returned it)."""
         return rows
+
+    @property
+    def takes_tombstones(self) -> bool:
+        """An upsert sink keyed by the record key (`keys_from: record_key`): the stage adds to its rows the
+        batch's tombstones (`tombstone_rows`), which the job never sees."""
+        return self.spec.keyed_by_record
+
+    def tombstone_rows(self, tombstones: DataFrame, like: DataFrame) -> DataFrame:
+        """`takes_tombstones` sinks: the deletes of the keys of `tombstones` (records with a key and a null value,
+        their key decoded) as rows of `like`'s columns and types (the job's rows for this sink): the key columns
+        from the decoded key, the order column from the record timestamp, every other column null (the upsert
+        rule's delete: `tombstone_sql`), the delete column true, and the source coordinates."""
+        from pyspark.sql import functions as F
+
+        spec: Any = self.spec
+        special = {spec.order_by: F.col("timestamp"), spec.delete_column: F.lit(True)}
+
+        def column(name: str) -> Any:
+            taken = name in spec.keys or name in SOURCE_COORDINATES
+            value = F.col(name) if taken else special.get(name, F.lit(None))
+            return value.cast(like.schema[name].dataType).alias(name)
+
+        return tombstones.select(*[column(name) for name in like.columns])
 
     def write_in_stage(self, rows: DataFrame, ctx: StageContext) -> TableWrite:
         """`writes_in_stage` sinks only: write the batch's `rows` into the table as one idempotent commit that
