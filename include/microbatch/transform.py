@@ -2,7 +2,11 @@
 
 A job is an object with four pure methods. The platform reads exactly the batch's ranges and calls `parse` with
 a DataFrame of the Kafka records (`RECORD_COLUMNS`, and `HEADERS_COLUMN` when the spec sets
-`source.include_headers`). It observes metrics and per-partition counts in the same pass (no second read
+`source.include_headers`), followed by the typed columns that the spec's `source.key` and `source.value` formats
+decode in the same pass (`formats/record.py`: a json value's fields under their names, `key_text`, `key_<field>`,
+`value_text`). A record whose key or value its format cannot read never reaches `parse`: it is a dead letter with
+the format's reason. Neither do tombstones (a key, a null value) when an upsert sink is keyed by the record key:
+the platform stages them as deletes of their keys. It observes metrics and per-partition counts in the same pass (no second read
 of Kafka), sends rows whose `error` is set to the dead-letter table (with the record's Kafka
 `key`, `timestamp` and, with `include_headers`, `headers`, which the platform takes from the read: `parse` need
 not keep them), rows flagged `late` (their event-time window was final before the batch began) to the

@@ -275,3 +275,101 @@ def test_keyed_json_records_with_headers_and_tombstones(service_env, topic, kafk
     assert replayed.returncode == 0, (replayed.stdout + replayed.stderr)[-4000:]
     check()
     assert positions(ledger_url) == cursor, "a replay never moves the scheduled cursor"
+
+
+class LatestByProducerTime:
+    """A test job for `test_record_keyed_upserts_order_by_the_record_timestamp`: each record's decoded columns and
+    its Kafka `timestamp`, for two upsert sinks keyed by the record key and ordered by that timestamp."""
+
+    def parse(self, records, options, state):
+        from pyspark.sql import functions as F
+
+        return records.select("topic", "partition", "offset", "value", "key_text", "merchant", "amount_cents",
+                              "timestamp", F.lit(None).cast("string").alias("error"), F.lit(False).alias("late"))
+
+    def state_metrics(self, options):
+        return {}
+
+    def next_state(self, state, metrics, options):
+        return dict(state)
+
+    def outputs(self, parsed, options, state):
+        rows = parsed.select("key_text", "merchant", "amount_cents", "timestamp", "topic", "partition", "offset")
+        return {"latest_pg": rows, "latest_lake": rows}
+
+
+latest_by_producer_time = LatestByProducerTime()
+
+
+def test_record_keyed_upserts_order_by_the_record_timestamp(service_env, topic, kafka, ledger_url, tmp_path):
+    """`order_by: timestamp` (the record's Kafka timestamp, set out of offset order by the producer): in the
+    Postgres upsert and the Delta upsert alike, a key's row is its record with the greatest (timestamp, partition,
+    offset), a tombstone taking part by its record timestamp; read back with SQL and with delta-rs."""
+    from deltalake import DeltaTable
+
+    from tests.e2e.test_delta_sink_e2e import dag_folder
+
+    columns = {"key_text": "text", "merchant": "text", "amount_cents": "bigint", "timestamp": "timestamptz"}
+    upsert = {"keys_from": "record_key", "columns": columns, "order_by": "timestamp"}
+    spec = {
+        "name": "latest", "schedule": None,
+        "source": {"topics": [topic], "max_records_per_batch": 1000, "commit_group_offsets": False, "key": "text",
+                   "value": {"format": "json", "fields": {"merchant": "string", "amount_cents": "bigint"},
+                             "required": ["amount_cents"]}},
+        "job": {"transform": "tests.e2e.test_keyed_records_e2e:latest_by_producer_time"},
+        "sinks": [{"name": "latest_pg", "type": "postgres_upsert", "table": "latest_pg", **upsert},
+                  {"name": "latest_lake", "type": "delta", "mode": "upsert", **upsert}],
+        "retries": {"count": 2, "delay_seconds": 1},
+        "spark": spark_section({"spark.sql.shuffle.partitions": "2"}, "auto"),
+    }
+    specs = tmp_path / "pipelines"
+    specs.mkdir()
+    (specs / "latest.yaml").write_text(yaml.safe_dump(spec))
+    warehouse = tmp_path / "warehouse"
+    env = {**service_env, "MICROBATCH_PIPELINES_DIR": str(specs), "MICROBATCH_WAREHOUSE": str(warehouse),
+           **dag_folder(tmp_path, "latest")}
+    migrated = cli(env, "migrate")
+    assert migrated.returncode == 0, migrated.stdout + migrated.stderr
+
+    rng = random.Random(431)
+    producer = KafkaProducer(bootstrap_servers=kafka.bootstrap_servers, acks="all", linger_ms=5)
+    sent = []
+    recent = int(datetime.now(UTC).timestamp() * 1000) - 600_000  # within the topic's retention
+    for _ in range(300):
+        key = f"k{rng.randrange(25):02d}".encode()
+        millis = recent + rng.randrange(120_000)  # out of offset order
+        value = None if rng.random() < 0.15 else json.dumps(
+            {"merchant": f"m{rng.randrange(4)}", "amount_cents": rng.randrange(1, 9_999)}).encode()
+        sent.append((key, value, millis, producer.send(topic, key=key, value=value, timestamp_ms=millis)))
+    producer.flush()
+    producer.close()
+    winners: dict[str, tuple] = {}
+    for key, value, millis, future in sent:
+        meta = future.get(timeout=30)
+        order = (millis, meta.partition, meta.offset)
+        if key.decode() not in winners or order > winners[key.decode()][0]:
+            winners[key.decode()] = (order, None if value is None else json.loads(value))
+    expected = {k: (body["merchant"], body["amount_cents"], datetime.fromtimestamp(o[0] / 1000, UTC), o[1], o[2])
+                for k, (o, body) in winners.items() if body is not None}
+    deleted = {k for k, (_, body) in winners.items() if body is None}
+    assert deleted and expected, "some keys must end deleted, some not"
+    # Kafka's order alone would give another table: the test tells the two rules apart.
+    by_offset: dict[str, bytes | None] = {}
+    for key, value, _, _future in sorted(sent, key=lambda s: (s[3].get().partition, s[3].get().offset)):
+        by_offset[key.decode()] = value
+    assert {k for k, v in by_offset.items() if v is None} != deleted or any(
+        json.loads(by_offset[k])["amount_cents"] != v[1] for k, v in expected.items() if by_offset[k] is not None)
+
+    done = subprocess.run([sys.executable, "-m", "microbatch.cli", "run", "latest", "--max-runs", "3"],
+                          env={**os.environ, **env}, capture_output=True, text=True, timeout=900, check=False)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    with transaction(ledger_url) as session:
+        rows = session.execute(text('SELECT key_text, merchant, amount_cents, "timestamp", partition, "offset" '
+                                    "FROM latest_pg")).all()
+    assert {k: tuple(rest) for k, *rest in rows} == expected
+    lake = DeltaTable(str(warehouse / "latest_lake")).to_pyarrow_table().to_pylist()
+    assert {r["key_text"]: (r["merchant"], r["amount_cents"], r["timestamp"], r["partition"], r["offset"])
+            for r in lake if not r["_deleted"]} == expected
+    assert {r["key_text"] for r in lake if r["_deleted"]} == deleted
+    audit = cli(env, "verify", "latest")
+    assert audit.returncode == 0, audit.stdout + audit.stderr
