@@ -170,7 +170,23 @@ def _refs(schema: dict) -> list[tuple[str, str]]:
             found.extend(_refs(option))
     if schema.get("type") == "array":
         found.extend((name, f"[]{suffix}") for name, suffix in _refs(schema.get("items", {})))
+    values = schema.get("additionalProperties")
+    if schema.get("type") == "object" and isinstance(values, dict):
+        found.extend((name, f".<name>{suffix}") for name, suffix in _refs(values))
     return found
+
+
+def _model_class(name: str) -> type | None:
+    """The pydantic class of a schema model: in `config.py`, or a format's in `formats/`."""
+    from microbatch import config
+    from microbatch.formats import json as json_format
+    from microbatch.formats import registry
+
+    for module in (config, json_format):
+        cls = getattr(module, name, None)
+        if isinstance(cls, type):
+            return cls
+    return next((fmt.spec_model for fmt in registry.FORMATS.values() if fmt.spec_model.__name__ == name), None)
 
 
 def spec_reference() -> str:
@@ -182,8 +198,8 @@ def spec_reference() -> str:
     out = []
     for name, where in _models_in_order(schema):
         model = schema if name == schema["title"] else defs[name]
-        cls = getattr(config, name, None)
-        docstrings = attribute_docstrings(cls) if isinstance(cls, type) else {}
+        cls = _model_class(name)
+        docstrings = attribute_docstrings(cls) if cls is not None else {}
         title = f"`{where}`: {name}" if where else f"{name} (the whole spec)"
         out.append(f"### {title} {{#{_anchor(name)}}}\n")
         if model.get("description"):
