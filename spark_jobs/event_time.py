@@ -1,49 +1,9 @@
-"""Event time as Flink models it, shared by the shipped jobs: tumbling windows, and a watermark that is pipeline
-state, committed with the ledger (the maximum event time seen minus `allowed_lateness_seconds`, default 5). A
-window whose end is at or before the watermark is final; a valid record whose window was final when its batch
-began is late."""
+"""Event time for the shipped jobs: the platform's helpers (`microbatch/event_time.py`), which read the spec's
+declared `event_time` (its `window` and `allowed_lateness` reach a job's options as `window_seconds` and
+`allowed_lateness_seconds`): tumbling windows, and a watermark that is pipeline state, committed with the ledger. A
+window whose end is at or before the watermark is final; a valid record whose window was final when its batch began
+is late."""
 
-from __future__ import annotations
+from microbatch.event_time import MICROS, lateness_us, watermark_after, watermark_metrics, with_late
 
-from collections.abc import Mapping
-from typing import Any
-
-from pyspark.sql import Column, DataFrame
-from pyspark.sql import functions as F
-
-from microbatch.transform import batch_constant
-
-MICROS = 1_000_000
-
-
-def lateness_us(options: Mapping[str, Any]) -> int:
-    return int(float(options.get("allowed_lateness_seconds", 5)) * MICROS)
-
-
-def watermark_after(state: Mapping[str, Any], batch_max_event_us: int | None, options: Mapping[str, Any]) -> dict:
-    """The state after a batch: the max event time seen and the watermark, which never goes back."""
-    seen = [v for v in (state.get("max_event_time_us"), batch_max_event_us) if v is not None]
-    if not seen:
-        return dict(state)
-    max_event = max(seen)
-    watermark = max_event - lateness_us(options)
-    if state.get("watermark_us") is not None:
-        watermark = max(watermark, state["watermark_us"])
-    return {**state, "max_event_time_us": max_event, "watermark_us": watermark}
-
-
-def with_late(checked: DataFrame, width_seconds: int, state: Mapping[str, Any]) -> DataFrame:
-    """`checked` (with `event_time` and `error`) and a `late` column: a valid record whose `width_seconds` window
-    ended at or before the watermark its batch began with."""
-    window_end_us = (F.floor(F.unix_seconds("event_time") / width_seconds) * width_seconds + width_seconds) * MICROS
-    watermark = state.get("watermark_us")
-    late = F.lit(False) if watermark is None else F.coalesce(window_end_us <= batch_constant(checked, watermark),
-                                                             F.lit(False))
-    return checked.select("*", (F.col("error").isNull() & late).alias("late"))
-
-
-def watermark_metrics() -> dict[str, Column]:
-    """A job's `state_metrics` when its state is the watermark: the max event time of the batch's valid,
-    on-time records (its `next_state` is then `watermark_after(state, metrics["max_event_time"], options)`)."""
-    good = F.col("error").isNull() & ~F.col("late")
-    return {"max_event_time": F.max(F.when(good, F.unix_micros("event_time")))}
+__all__ = ["MICROS", "lateness_us", "watermark_after", "watermark_metrics", "with_late"]

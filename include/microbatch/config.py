@@ -36,6 +36,7 @@ from microbatch.formats.base import Format
 from microbatch.formats.raw import RawSpec
 from microbatch.formats.record import decoded_columns, record_key_columns
 from microbatch.formats.registry import FormatSpecs, format_for
+from microbatch.sql import SinkQuery, sink_query
 
 PIPELINES_DIR = Path(__file__).resolve().parent.parent / "pipelines"
 PIPELINES_DIR_ENV = "MICROBATCH_PIPELINES_DIR"
@@ -372,6 +373,21 @@ class SinkModel(_Strict):
     """What every sink spec model answers, so that a check across sinks never asks a sink's type."""
 
     name: str
+    sql: str | None = None
+    """A Spark SQL query over the view `records` (the record columns and the decoded ones) that gives this sink's
+    rows, instead of a Python job: e.g. `SELECT payment_id, amount_cents FROM records WHERE status = 'captured'`.
+    The platform adds the source coordinates (row sinks) or the per-partition grouping (aggregates) itself."""
+
+    @property
+    def query_kind(self) -> Literal["rows", "partials"] | None:
+        """What a query of this sink returns: one row per record (`rows`), per-partition partial sums
+        (`partials`), or None: this sink takes no query."""
+        return None
+
+    @property
+    def query_columns(self) -> list[str]:
+        """The columns this sink's query must return."""
+        return []
 
     @property
     def published_columns(self) -> list[str] | None:
@@ -517,6 +533,14 @@ class PostgresAggregateSink(SinkModel):
         return [*self.keys, *self.sum_columns]
 
     @property
+    def query_kind(self) -> Literal["rows", "partials"] | None:
+        return "partials"
+
+    @property
+    def query_columns(self) -> list[str]:
+        return self.key_and_sum_columns
+
+    @property
     def published_columns(self) -> list[str] | None:
         """A windowed aggregate publishes each final window once."""
         return self.key_and_sum_columns if self.window is not None else None
@@ -546,6 +570,15 @@ class _RowSink(SinkModel):
     @property
     def staging_table(self) -> str:
         return f"stage_{self.table}"
+
+    @property
+    def query_kind(self) -> Literal["rows", "partials"] | None:
+        return "rows"
+
+    @property
+    def query_columns(self) -> list[str]:
+        delete = getattr(self, "delete_column", None)
+        return [*self.columns, *([delete] if delete else [])]
 
 
 class PostgresAppendSink(_RowSink):
@@ -601,6 +634,13 @@ class KafkaSink(SinkModel):
     @classmethod
     def _identifier(cls, value: str) -> str:
         return _check_identifier(value)
+
+    @field_validator("sql")
+    @classmethod
+    def _no_query(cls, value: str | None) -> str | None:
+        if value is not None:
+            raise ValueError("a kafka sink publishes the rows of its source sink; give the query to that sink")
+        return value
 
     @property
     def transactional_id(self) -> str:
@@ -701,6 +741,14 @@ class DeltaSink(SinkModel):
             if match.group(1) and self.columns.get(column) not in ("timestamptz", "timestamp", "date"):
                 raise ValueError(f"partition_by: '{item}' needs a timestamp or date column")
         return self
+
+    @property
+    def query_kind(self) -> Literal["rows", "partials"] | None:
+        return "rows"
+
+    @property
+    def query_columns(self) -> list[str]:
+        return [*self.columns, *([self.delete_column] if self.delete_column else [])]
 
     @property
     def partition_columns(self) -> list[tuple[str, str | None, str]]:
@@ -817,6 +865,52 @@ class SparkSpec(_Strict):
         return self.model_copy(update={"mode": "submit", "connection": SPARK_CONNECTION_DEFAULTS["submit"]})
 
 
+def _duration_seconds(value: str | int | float) -> float:
+    """Seconds of `5s`, `1m`, `2h`, `1d` (or a number of seconds)."""
+    if isinstance(value, int | float):
+        return float(value)
+    match = _DURATION.fullmatch(str(value).strip())
+    if not match:
+        raise ValueError(f"'{value}' is not a duration; write e.g. 5s, 1m or 2h")
+    return float(int(match.group(1)) * {"s": 1, "m": 60, "h": 3600, "d": 86400}[match.group(2)])
+
+
+class EventTimeSpec(_Strict):
+    """The pipeline's event time, declared once (Flink's watermark strategy): the watermark is the greatest event
+    time seen minus `allowed_lateness`, kept in the pipeline state and committed with the batch; a valid record whose
+    `window` was final (its end at or before the watermark) when its batch began is late, and goes to
+    `late_records` (and to row sinks with `include_late`)."""
+
+    column: str
+    """The event time: a timestamp column of `records` (a decoded field such as `ts`, or the record `timestamp`).
+    A SQL pipeline reads it from the records; a Python job computes its own `event_time` column, and the helpers
+    of `spark_jobs/event_time.py` read `window` and `allowed_lateness` from this section."""
+    window: str | None = None
+    """The tumbling window width (`60s`, `1m`, `1h`) of `window_start(ts)`/`window_end(ts)` in SQL and of the
+    Python helpers; unset: a record is late when its event time is at or before the watermark."""
+    allowed_lateness: str = "5s"
+    """How far behind the greatest event time seen a record may be before its window closes."""
+
+    @field_validator("window", "allowed_lateness", mode="before")
+    @classmethod
+    def _duration(cls, value: Any) -> Any:
+        if value is not None:
+            _duration_seconds(value)
+        return None if value is None else str(value)
+
+    @property
+    def window_seconds(self) -> int | None:
+        return None if self.window is None else int(_duration_seconds(self.window))
+
+    @property
+    def allowed_lateness_seconds(self) -> float:
+        return _duration_seconds(self.allowed_lateness)
+
+
+EVENT_TIME_OPTIONS = ("window_seconds", "allowed_lateness_seconds")
+"""The job options the platform fills in from `event_time` (`PipelineSpec.job_options`)."""
+
+
 class PipelineSpec(_Strict):
     """One pipeline: a source, a transform, sinks, a schedule and retries."""
 
@@ -825,7 +919,10 @@ class PipelineSpec(_Strict):
     schedule: str | None = "30s"
     """Cron expression, preset (`@continuous`, `@hourly`, ...), a duration (`30s`, `5m`) or null."""
     source: SourceSpec
-    job: JobSpec
+    job: JobSpec | None = None
+    """A Python job (`job.transform`); without it, each sink gives its rows as a SQL query (`sql`)."""
+    event_time: EventTimeSpec | None = None
+    """The event time, its window and its allowed lateness, for SQL and Python jobs alike."""
     sinks: list[SinkSpec] = Field(min_length=1)
     retries: RetrySpec = Field(default_factory=RetrySpec)
     spark: SparkSpec = Field(default_factory=SparkSpec)
@@ -858,7 +955,58 @@ class PipelineSpec(_Strict):
         by_name = {s.name: s for s in self.sinks}
         for sink in self.sinks:
             sink.check_among(by_name)
+        self._check_job_or_queries()
         return self
+
+    def _check_job_or_queries(self) -> None:
+        """A Python job, or a query for every sink that takes one; queries checked against `records`."""
+        queried = [s.name for s in self.sinks if s.sql is not None]
+        if self.job is not None:
+            if queried:
+                raise ValueError(f"job: the pipeline has a Python job and sink {queried[0]} has sql; a pipeline is "
+                                 "either a Python job or SQL per sink, so remove job or the sinks' sql")
+            taken = [o for o in EVENT_TIME_OPTIONS if o in self.job.options]
+            if taken and self.event_time is not None:
+                raise ValueError(f"job.options: {taken[0]} is set by event_time now; remove it from job.options")
+            return
+        lacking = [s.name for s in self.sinks if s.query_kind is not None and s.sql is None]
+        if lacking:
+            raise ValueError(f"sinks: sink '{lacking[0]}' has no sql, and the pipeline has no job; give each sink a "
+                             "query over records (sql: SELECT ... FROM records), or a Python job in job.transform")
+        available = self.records_columns
+        window = self.event_time.window_seconds if self.event_time is not None else None
+        if self.event_time is not None and self.event_time.column not in available:
+            raise ValueError(f"event_time.column: '{self.event_time.column}' is not a column of records; name a "
+                             f"timestamp column among {', '.join(available)}")
+        for sink in self.sinks:
+            if sink.sql is not None and sink.query_kind is not None:
+                sink_query(sink.name, sink.sql, sink.query_kind, available, sink.query_columns, window)
+
+    @property
+    def records_columns(self) -> dict[str, str]:
+        """The columns of the view `records` a sink's query reads: the record columns, the headers when read, and
+        the decoded ones, each with its Spark SQL type."""
+        record = {"key": "binary", "value": "binary", "topic": "string", "partition": "int", "offset": "bigint",
+                  "timestamp": "timestamp", "timestamp_type": "int"}
+        headers = {"headers": "array<struct<key:string,value:binary>>"} if self.source.include_headers else {}
+        return {**record, **headers, **decoded_columns(self.source.key_format, self.source.value_format)}
+
+    def sink_queries(self) -> dict[str, SinkQuery]:
+        """Each sink's checked, rewritten query, by sink name (SQL pipelines)."""
+        window = self.event_time.window_seconds if self.event_time is not None else None
+        return {s.name: sink_query(s.name, s.sql, s.query_kind, self.records_columns, s.query_columns, window)
+                for s in self.sinks if s.sql is not None and s.query_kind is not None}
+
+    @property
+    def job_options(self) -> dict[str, Any]:
+        """The options a Python job is given: `job.options`, with `window_seconds` and `allowed_lateness_seconds`
+        from `event_time` when the spec declares it (what `spark_jobs/event_time.py` reads)."""
+        options = dict(self.job.options) if self.job is not None else {}
+        if self.event_time is not None:
+            options["allowed_lateness_seconds"] = self.event_time.allowed_lateness_seconds
+            if self.event_time.window_seconds is not None:
+                options["window_seconds"] = self.event_time.window_seconds
+        return options
 
     @property
     def record_keyed_sinks(self) -> list[str]:

@@ -6,8 +6,8 @@ a DataFrame of the Kafka records (`RECORD_COLUMNS`, and `HEADERS_COLUMN` when th
 decode in the same pass (`formats/record.py`: a json value's fields under their names, `key_text`, `key_<field>`,
 `value_text`). A record whose key or value its format cannot read never reaches `parse`: it is a dead letter with
 the format's reason. Neither do tombstones (a key, a null value) when an upsert sink is keyed by the record key:
-the platform stages them as deletes of their keys. It observes metrics and per-partition counts in the same pass (no second read
-of Kafka), sends rows whose `error` is set to the dead-letter table (with the record's Kafka
+the platform stages them as deletes of their keys. It observes metrics and per-partition counts in the same pass
+(no second read of Kafka), sends rows whose `error` is set to the dead-letter table (with the record's Kafka
 `key`, `timestamp` and, with `include_headers`, `headers`, which the platform takes from the read: `parse` need
 not keep them), rows flagged `late` (their event-time window was final before the batch began) to the
 late-records table (with their headers too), and stages `outputs` of the rest.

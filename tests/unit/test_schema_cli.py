@@ -17,7 +17,8 @@ def test_schema_prints_the_spec_json_schema():
     schema = json.loads(done.stdout)
     assert schema["title"] == "PipelineSpec"
     assert "source" in schema["properties"]
-    assert {"name", "source", "job", "sinks"} <= set(schema["required"])
+    assert {"name", "source", "sinks"} <= set(schema["required"])
+    assert {"job", "event_time"} <= set(schema["properties"])
 
 
 def test_every_shipped_spec_passes_the_schema_an_editor_checks_and_a_bad_one_fails():

@@ -113,7 +113,9 @@ def check_transform(spec: PipelineSpec) -> None:
 
     The module is found and read, not imported: importing it would import pyspark, which only the stage may.
     What the source does not show (an object built by a factory, or imported from elsewhere) is taken on trust;
-    the stage imports it for real."""
+    the stage imports it for real. A SQL pipeline's queries were checked when its spec loaded."""
+    if spec.job is None:
+        return
     module_name, _, attribute = spec.job.transform.partition(":")
     where = f"{spec.name}.yaml: field 'job.transform' names '{spec.job.transform}'"
     found = _find_module(module_name)

@@ -60,7 +60,11 @@ AFTER_STAGED = failpoints.point("stage.after_staged")
 
 
 def load_job(spec: PipelineSpec) -> SparkJob:
-    """Import the job object named by `job.transform` ('module:attribute')."""
+    """Import the job object named by `job.transform` ('module:attribute'); a SQL pipeline's is its queries."""
+    if spec.job is None:
+        from microbatch.sql_job import SqlJob
+
+        return SqlJob(spec)
     module_name, _, attribute = spec.job.transform.partition(":")
     try:
         return getattr(importlib.import_module(module_name), attribute)
@@ -352,7 +356,7 @@ def _stage_attempt(
     source = _kafka_records(spark, spec, current.ranges, kafka)
     read = _ReadPass.of(spec, source, current)
     keep_observed_metrics(spark)
-    parsed = job.parse(read.for_job, spec.job.options, current.state_before)
+    parsed = job.parse(read.for_job, spec.job_options, current.state_before)
     jdbc = jdbc_options(ledger)
     BEFORE_READ.hit()  # the Spark job below reads Kafka
     values, rows_by_sink, read_seconds = _stage_outputs(spec, job, parsed, current, jdbc, ledger, read)
@@ -378,7 +382,7 @@ def _stage_attempt(
         rows_by_sink=rows_by_sink,
         dead_letters=undecodable + dead_count,
         late_records=late_count,
-        state_after=job.next_state(current.state_before, state_metrics, spec.job.options),
+        state_after=job.next_state(current.state_before, state_metrics, spec.job_options),
         timings={"read_s": round(read_seconds, 3), "stage_write_s": round(write_seconds, 3)},
         decode={} if read.observation is None else {
             "formats": {"key": spec.source.key_format.pins(), "value": spec.source.value_format.pins()},
@@ -463,7 +467,7 @@ def _stage_outputs(
 ) -> tuple[dict[str, Any], dict[str, int], float]:
     """Write the job's output for every sink that stages rows (with the tombstones of `read` for the sinks that
     take them), observing the read's metrics on the way: (observed metrics, rows staged per sink, seconds)."""
-    options = spec.job.options
+    options = spec.job_options
     observation = Observation(f"batch_{current.batch_id}_{current.attempt}")
     split = read is not None and read.observation is not None
     metrics = job_metrics(job, options) if split else read_metrics(

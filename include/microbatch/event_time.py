@@ -1,0 +1,52 @@
+"""Event time as Flink models it, for SQL pipelines and Python jobs alike: tumbling windows, and a watermark that
+is pipeline state, committed with the ledger (the maximum event time seen minus `allowed_lateness_seconds`, default
+5; the spec's `event_time` section sets both). A window whose end is at or before the watermark is final; a valid
+record whose window was final when its batch began is late."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
+
+from microbatch.transform import batch_constant
+
+MICROS = 1_000_000
+
+
+def lateness_us(options: Mapping[str, Any]) -> int:
+    return int(float(options.get("allowed_lateness_seconds", 5)) * MICROS)
+
+
+def watermark_after(state: Mapping[str, Any], batch_max_event_us: int | None, options: Mapping[str, Any]) -> dict:
+    """The state after a batch: the max event time seen and the watermark, which never goes back."""
+    seen = [v for v in (state.get("max_event_time_us"), batch_max_event_us) if v is not None]
+    if not seen:
+        return dict(state)
+    max_event = max(seen)
+    watermark = max_event - lateness_us(options)
+    if state.get("watermark_us") is not None:
+        watermark = max(watermark, state["watermark_us"])
+    return {**state, "max_event_time_us": max_event, "watermark_us": watermark}
+
+
+def with_late(checked: DataFrame, width_seconds: int | None, state: Mapping[str, Any]) -> DataFrame:
+    """`checked` (with `event_time` and `error`) and a `late` column: a valid record whose `width_seconds` window
+    ended at or before the watermark its batch began with (without a window: whose event time is at or before it)."""
+    if width_seconds:
+        window_end_us = (F.floor(F.unix_seconds("event_time") / width_seconds) * width_seconds + width_seconds) * MICROS
+    else:
+        window_end_us = F.unix_micros("event_time")
+    watermark = state.get("watermark_us")
+    late = F.lit(False) if watermark is None else F.coalesce(window_end_us <= batch_constant(checked, watermark),
+                                                             F.lit(False))
+    return checked.select("*", (F.col("error").isNull() & late).alias("late"))
+
+
+def watermark_metrics() -> dict[str, Column]:
+    """A job's `state_metrics` when its state is the watermark: the max event time of the batch's valid,
+    on-time records (its `next_state` is then `watermark_after(state, metrics["max_event_time"], options)`)."""
+    good = F.col("error").isNull() & ~F.col("late")
+    return {"max_event_time": F.max(F.when(good, F.unix_micros("event_time")))}
