@@ -68,7 +68,7 @@ def main(argv: list[str]) -> int:
 
     def c(round_no: int, count_partitions: bool = False, state: dict | None = None) -> None:
         attempt = _Attempt(1, round_no + 1, ranges, state or {}, count_partitions)
-        parsed = job.parse(_read_ranges(spark, spec, ranges, bootstrap), spec.job.options, attempt.state_before)
+        parsed = job.parse(_read_ranges(spark, spec, ranges, bootstrap), spec.job_options, attempt.state_before)
         _stage_outputs(spec, job, parsed, attempt, jdbc, ledger)
 
     def d(round_no: int) -> None:
