@@ -591,7 +591,8 @@ def find(
                                                                for s, (loc, v) in held.items()}}))
     elif owner.kind == "batch":
         console.print(f"{topic}[{partition}] offset {offset} was processed by batch {owner.batch_id} "
-                      f"(range [{owner.start}, {owner.end}), Airflow run {owner.airflow_run_id})")
+                      f"(range [{owner.start}, {owner.end}), Airflow run {owner.airflow_run_id})"
+                      + (f": dead letter: {owner.dead_letter}" if owner.dead_letter else ""))
         for sink, (loc, version) in held.items():
             console.print(f"  delta {sink}: in version {version} of {loc}")
     elif owner.kind == "gap":
@@ -602,6 +603,104 @@ def find(
         console.print(f"{topic}[{partition}] offset {offset} has not been processed yet (the position is {position})")
     if owner.kind == "none":
         raise typer.Exit(1)
+
+
+BatchFilter = Annotated[int | None, typer.Option("--batch", help="Only the dead letters of this batch.")]
+TopicFilter = Annotated[str | None, typer.Option(help="Only this topic.")]
+PartitionFilter = Annotated[int | None, typer.Option(min=0, help="Only this partition.")]
+SinceFilter = Annotated[str | None, typer.Option(help="Records at or after this ISO-8601 time (Kafka timestamp).")]
+UntilFilter = Annotated[str | None, typer.Option(help="Records before this ISO-8601 time (Kafka timestamp).")]
+ReasonFilter = Annotated[str | None, typer.Option(help="Only reasons that contain this text (any case).")]
+
+
+def _dead_letters(pipeline: str, batch: int | None, topic: str | None, partition: int | None, since: str | None,
+                  until: str | None, reason: str | None, limit: int | None) -> list:
+    from microbatch.ledger import queries
+    from microbatch.ledger.database import transaction
+    from microbatch.phases.reset import parse_time
+
+    times = {name: parse_time(value) if value else None for name, value in (("since", since), ("until", until))}
+    with transaction(_ledger_url()) as session:
+        pid = _pipeline_id(session, pipeline)
+        return queries.dead_letters(session, pid, batch_id=batch, topic=topic, partition=partition, reason=reason,
+                                    limit=limit, **times)
+
+
+def _preview(data: bytes | None, width: int = 40) -> str:
+    """The start of a key or value as text (bytes that are not UTF-8 shown escaped), for a table cell."""
+    if data is None:
+        return "null"
+    shown = data.decode("utf-8", errors="backslashreplace")
+    return shown if len(shown) <= width else shown[: width - 1] + "…"
+
+
+@app.command("dead-letters")
+def dead_letters(
+    pipeline: str, batch: BatchFilter = None, topic: TopicFilter = None, partition: PartitionFilter = None,
+    since: SinceFilter = None, until: UntilFilter = None, reason: ReasonFilter = None,
+    limit: Annotated[int, typer.Option(min=1, help="At most this many, by topic, partition and offset.")] = 100,
+    as_json: JsonFlag = False,
+) -> None:
+    """The pipeline's dead letters: where each record is, its key, timestamp and reason, and the start of its value.
+    After a fix of the transform or the spec, `microbatch reprocess` replays the batches that hold them."""
+    rows = _dead_letters(pipeline, batch, topic, partition, since, until, reason, limit)
+    if as_json:
+        print(json.dumps([{"batch_id": r.batch_id, "topic": r.topic, "partition": r.partition, "offset": r.offset,
+                           "key": _preview(r.key, 10_000), "reason": r.error, "value": _preview(r.value, 10_000),
+                           "timestamp": r.timestamp.isoformat() if r.timestamp else None} for r in rows]))
+        return
+    _print_rows(f"{pipeline}: {len(rows)} dead letter(s)" + (f" (the first {limit})" if len(rows) == limit else ""),
+                ["batch", "topic", "partition", "offset", "key", "timestamp", "reason", "value"],
+                [(r.batch_id, r.topic, r.partition, r.offset, _preview(r.key, 20), r.timestamp or "", r.error,
+                  _preview(r.value)) for r in rows])
+
+
+@app.command()
+def reprocess(
+    pipeline: str, batch: BatchFilter = None, topic: TopicFilter = None, partition: PartitionFilter = None,
+    since: SinceFilter = None, until: UntilFilter = None, reason: ReasonFilter = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the ranges and counts; write nothing.")] = False,
+    log_file: LogFile = None,
+) -> None:
+    """Re-process the chosen dead letters after a fix: replay exactly the committed ranges that hold them (one replay
+    per range, from its batch's state, as `backfill --mode replay`). Every sink must take replays; a record that is
+    valid now but whose window was already final when its batch began becomes a late record."""
+    from microbatch.config import find_spec
+    from microbatch.phases.backfill import plan_backfill
+    from microbatch.runner import run_once
+
+    letters = _dead_letters(pipeline, batch, topic, partition, since, until, reason, None)
+    if not letters:
+        console.print(f"{pipeline}: no dead letter matches; nothing to re-process")
+        return
+    ranges: dict[tuple[str, int, int, int], list] = {}
+    for letter in letters:
+        ranges.setdefault((letter.topic, letter.partition, letter.range_start, letter.range_end), []).append(letter)
+    requests = [{"topic": t, "partitions": [p], "start": start, "end": end, "mode": "replay"}
+                for (t, p, start, end) in ranges]
+    spec = find_spec(pipeline)
+    for request in requests:  # refuse before anything runs: a sink that cannot replay, a range now open
+        plan_backfill(spec, {**request, "dry_run": True}, _ledger(), _kafka())
+    _print_rows(f"{pipeline}: {len(letters)} dead letter(s) in {len(ranges)} committed range(s) to replay",
+                ["topic", "partition", "range", "batch", "dead letters"],
+                [(t, p, f"[{start}, {end})", held[0].batch_id, len(held))
+                 for (t, p, start, end), held in ranges.items()])
+    if dry_run:
+        return
+    path = _log_for(f"{pipeline}__backfill", log_file, f"re-processing with the {pipeline}__backfill DAG")
+    with _dag_runs(path) as report:
+        for request in requests:
+            outcome = run_once(pipeline, backfill={**request, "dry_run": False})
+            report(outcome)
+            if outcome.state != "success":
+                break
+    _quiet_clients()
+    if outcome.state != "success":
+        raise typer.Exit(1)
+    left = _dead_letters(pipeline, batch, topic, partition, since, until, reason, None)
+    console.print(f"{pipeline}: re-processed {len(ranges)} range(s); {len(letters) - len(left)} of {len(letters)} "
+                  f"dead letter(s) are now rows or late records, {len(left)} remain (`microbatch dead-letters "
+                  f"{pipeline}` lists them)")
 
 
 @app.command()

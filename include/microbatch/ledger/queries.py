@@ -64,7 +64,8 @@ class GapSummary:
 
 @dataclass
 class OffsetOwner:
-    """Who accounts for one offset: a committed batch, a recorded gap, or nobody yet."""
+    """Who accounts for one offset: a committed batch, a recorded gap, or nobody yet; `dead_letter`: the reason,
+    when the batch kept the record as a dead letter."""
 
     kind: str  # "batch", "gap" or "none"
     batch_id: int | None = None
@@ -72,6 +73,7 @@ class OffsetOwner:
     start: int | None = None
     end: int | None = None
     reason: str | None = None
+    dead_letter: str | None = None
 
 
 def to_dict(item: object) -> dict[str, Any]:
@@ -206,7 +208,10 @@ def find_offset(session: Session, pipeline: int, topic: str, partition: int, off
         params,
     ).one_or_none()
     if row:
-        return OffsetOwner("batch", row.id, row.airflow_run_id, row.start_offset, row.end_offset)
+        dead = session.execute(text(
+            "SELECT error FROM dead_letters WHERE pipeline_id = :p AND topic = :t AND partition = :n "
+            'AND "offset" = :o'), params).scalar()
+        return OffsetOwner("batch", row.id, row.airflow_run_id, row.start_offset, row.end_offset, dead_letter=dead)
     gap = session.execute(
         text(
             "SELECT g.batch_id, g.start_offset, g.end_offset, g.reason FROM gaps g "
@@ -413,3 +418,56 @@ def metric_rows(session: Session) -> list[MetricRow]:
         rows.append(MetricRow("records_published", published, {"pipeline": pipeline, "sink": sink}))
         rows.append(MetricRow("outbox_backlog", max(0, highest - published), {"pipeline": pipeline, "sink": sink}))
     return rows
+
+
+@dataclass
+class DeadLetterView:
+    """One dead letter as `microbatch dead-letters` lists it, with the committed range of its batch that holds it
+    (what a re-process replays)."""
+
+    batch_id: int
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    timestamp: datetime | None
+    error: str
+    value: bytes | None
+    """The first 200 bytes of the record's value."""
+    range_start: int
+    range_end: int
+
+
+def dead_letters(
+    session: Session, pipeline: int, *, batch_id: int | None = None, topic: str | None = None,
+    partition: int | None = None, since: datetime | None = None, until: datetime | None = None,
+    reason: str | None = None, limit: int | None = None,
+) -> list[DeadLetterView]:
+    """The pipeline's dead letters (those of its committed batches), by topic, partition and offset; filtered by
+    batch, topic, partition, the record's Kafka timestamp (`since` inclusive, `until` exclusive) and a piece of the
+    reason (case-insensitive)."""
+    where = ["d.pipeline_id = :p"]
+    params: dict[str, Any] = {"p": pipeline, "limit": limit}
+    for column, name, value in (("d.batch_id", "b", batch_id), ("d.topic", "t", topic),
+                                ("d.partition", "n", partition)):
+        if value is not None:
+            where.append(f"{column} = :{name}")
+            params[name] = value
+    if since is not None:
+        where.append('d."timestamp" >= :since')
+        params["since"] = since
+    if until is not None:
+        where.append('d."timestamp" < :until')
+        params["until"] = until
+    if reason:
+        where.append("strpos(lower(d.error), lower(:reason)) > 0")
+        params["reason"] = reason
+    rows = session.execute(text(
+        'SELECT d.batch_id, d.topic, d.partition, d."offset", d."key", d."timestamp", d.error, '
+        "substring(d.raw FROM 1 FOR 200) AS value, r.start_offset, r.end_offset FROM dead_letters d "
+        "JOIN ranges r ON r.batch_id = d.batch_id AND r.topic = d.topic AND r.partition = d.partition "
+        "AND r.committed AND int8range(r.start_offset, r.end_offset) @> d.\"offset\" "
+        f"WHERE {' AND '.join(where)} ORDER BY d.topic, d.partition, d.\"offset\" LIMIT :limit"), params).all()
+    return [DeadLetterView(r.batch_id, r.topic, r.partition, r.offset, r.key, r.timestamp, r.error,
+                           bytes(r.value) if r.value is not None else None, r.start_offset, r.end_offset)
+            for r in rows]

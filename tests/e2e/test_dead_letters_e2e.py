@@ -1,0 +1,184 @@
+"""The dead-letter workflow (issue 45): find, inspect, fix, re-process, verify, on real Kafka, Postgres, Spark (the
+suite's Connect server) and Airflow (`dag.test()`).
+
+A YAML-only pipeline declares `amount_cents: int`, too small for some payments: those become dead letters ("value
+field 'amount_cents' is not an int"), beside records that are not JSON at all. `microbatch dead-letters` lists them
+with key and reason; `find` names the reason of one; the spec is fixed (`bigint`); `reprocess --reason amount_cents
+--dry-run` shows the ranges and counts and writes nothing; `reprocess` replays exactly those ranges: the payments are
+rows now, counted once in the aggregate, the one whose window was final when its batch began is a late record, the
+non-JSON records stay dead letters; every table equals the oracle computed here from the produced records, and
+`verify` passes. Then a sink that cannot replay (a Delta upsert) makes `reprocess` refuse in one sentence, and
+nothing is written."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+from collections import Counter
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+import yaml
+from sqlalchemy import text
+
+from microbatch.dev.datagen import produce_lines
+from microbatch.ledger.database import transaction
+from tests.e2e.helpers import cli, committed_batches, late_coordinates, recount, spark_section
+from tests.e2e.test_delta_sink_e2e import dag_folder
+
+pytestmark = pytest.mark.e2e
+
+PIPELINE = "fixme"
+T0 = datetime.now(UTC).replace(microsecond=0) - timedelta(hours=1)
+BIG = 2**31 + 7
+
+
+@dataclass(frozen=True)
+class Payment:
+    value: bytes
+    ip: str | None  # the record key (produce_lines keys by it), and the merchant
+    amount: int = 0
+    event_time: datetime | None = None
+    json_ok: bool = True
+    key: bytes | None = None
+    timestamp: datetime | None = None
+
+    @property
+    def malformed(self) -> bool:  # after the fix: only what is not JSON
+        return not self.json_ok
+
+
+def payment(i: int, merchant: str, amount: int, when: datetime) -> Payment:
+    body = {"payment_id": f"p{i}", "merchant": merchant, "amount_cents": amount, "ts": when.isoformat()}
+    return Payment(json.dumps(body).encode(), merchant, amount, when)
+
+
+def generate() -> list[Payment]:
+    """300 payments over 300 s (every 20th one too big for an int), 6 records that are not JSON, then one big
+    payment of the first seconds: its window is final by the time the second batch begins."""
+    rng = random.Random(45)
+    out = []
+    for i in range(300):
+        amount = BIG + i if i % 20 == 0 else rng.randrange(100, 9_999)
+        out.append(payment(i, f"m{rng.randrange(3)}", amount, T0 + timedelta(seconds=i)))
+        if i % 50 == 0:
+            out.append(Payment(b"{not json", f"m{rng.randrange(3)}", json_ok=False))
+    out.append(payment(999, "m0", BIG, T0 + timedelta(seconds=1)))
+    return out
+
+
+def write_spec(directory: Path, topic: str, amount_type: str, delta_upsert: bool = False) -> None:
+    sinks = [
+        {"name": "payments", "type": "postgres_append", "table": "payments",
+         "columns": {"payment_id": "text", "merchant": "text", "amount_cents": "bigint"},
+         "sql": "SELECT payment_id, merchant, amount_cents FROM records"},
+        {"name": "per_minute", "type": "postgres_aggregate", "table": "per_minute",
+         "columns": {"window_start": "timestamptz", "merchant": "text", "amount_cents": "bigint"},
+         "keys": ["window_start", "merchant"], "sum_columns": ["amount_cents"],
+         "sql": "SELECT window_start(ts) AS window_start, merchant, SUM(amount_cents) AS amount_cents FROM records "
+                "GROUP BY 1, 2"},
+    ]
+    if delta_upsert:
+        sinks.append({"name": "latest", "type": "delta", "mode": "upsert", "keys": ["merchant"],
+                      "columns": {"merchant": "text", "amount_cents": "bigint"},
+                      "sql": "SELECT merchant, amount_cents FROM records"})
+    spec = {
+        "name": PIPELINE, "schedule": None,
+        "source": {"topics": [topic], "max_records_per_batch": 160, "commit_group_offsets": False,
+                   "value": {"format": "json", "required": ["payment_id", "amount_cents", "ts"],
+                             "fields": {"payment_id": "string", "merchant": "string", "amount_cents": amount_type,
+                                        "ts": "timestamp"}}},
+        "event_time": {"column": "ts", "window": "1m", "allowed_lateness": "5s"},
+        "sinks": sinks,
+        "retries": {"count": 1, "delay_seconds": 1},
+        "spark": spark_section({"spark.sql.shuffle.partitions": "2"}, "auto"),
+    }
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / f"{PIPELINE}.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
+
+
+def microbatch(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "microbatch.cli", *args], env={**os.environ, **env},
+                          capture_output=True, text=True, timeout=900, check=False)
+
+
+def test_dead_letters_find_inspect_fix_reprocess_verify(service_env, topic, kafka, ledger_url, tmp_path):
+    specs, warehouse = tmp_path / "pipelines", tmp_path / "warehouse"
+    write_spec(specs, topic, "int")
+    env = {**service_env, "MICROBATCH_PIPELINES_DIR": str(specs), "MICROBATCH_WAREHOUSE": str(warehouse),
+           **dag_folder(tmp_path, PIPELINE)}
+    assert cli(env, "migrate").returncode == 0
+    payments = generate()
+    coords = produce_lines(kafka.bootstrap_servers, topic, payments)
+    done = microbatch(env, "run", PIPELINE, "--max-runs", "4")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+
+    # Inspect: every too-big payment and every non-JSON record is listed, with its key and reason.
+    listed = microbatch(env, "dead-letters", PIPELINE, "--json")
+    assert listed.returncode == 0, listed.stderr
+    letters = {(d["partition"], d["offset"]): d for d in json.loads(listed.stdout)}
+    too_big = {co for co, p in zip(coords, payments, strict=True) if p.json_ok and p.amount >= 2**31}
+    not_json = {co for co, p in zip(coords, payments, strict=True) if not p.json_ok}
+    assert set(letters) == too_big | not_json
+    by_coord = dict(zip(coords, payments, strict=True))
+    for co, letter in letters.items():
+        assert letter["key"] == by_coord[co].ip
+        expected = "value field 'amount_cents' is not an int" if co in too_big else "value is not JSON"
+        assert letter["reason"] == expected, letter
+    one = sorted(too_big)[0]
+    found = microbatch(env, "find", PIPELINE, topic, str(one[0]), str(one[1]))
+    assert "dead letter: value field 'amount_cents' is not an int" in " ".join(found.stdout.split()), found.stdout
+
+    # Fix the spec, then a dry run: the ranges and counts, nothing written.
+    write_spec(specs, topic, "bigint")
+    with transaction(ledger_url) as session:
+        batches_before = session.execute(text("SELECT count(*) FROM batches")).scalar_one()
+    dry = microbatch(env, "reprocess", PIPELINE, "--reason", "amount_cents", "--dry-run")
+    assert dry.returncode == 0, dry.stdout + dry.stderr
+    assert f"{len(too_big)} dead letter(s) in" in " ".join(dry.stdout.split()), dry.stdout
+    with transaction(ledger_url) as session:
+        assert session.execute(text("SELECT count(*) FROM batches")).scalar_one() == batches_before
+
+    redone = microbatch(env, "reprocess", PIPELINE, "--reason", "amount_cents")
+    assert redone.returncode == 0, redone.stdout[-3000:] + redone.stderr[-3000:]
+    assert "0 remain" in " ".join(redone.stdout.split()), redone.stdout
+
+    # The oracle: every JSON payment once, the late ones (by the watermark over the scheduled batches) aside.
+    scheduled = [b for b in committed_batches(ledger_url) if b[0] == "scheduled"]
+    expected = recount(payments, coords, scheduled, window=60, lateness=5)
+    late_big = {co for co in too_big if co in expected.late}
+    assert late_big, "the old big payment must be late now"
+    assert late_coordinates(ledger_url) == expected.late
+    with transaction(ledger_url) as session:
+        rows = session.execute(text('SELECT partition, "offset", payment_id, amount_cents FROM payments')).all()
+        sums = {(w, m): a for w, m, a in session.execute(text(
+            "SELECT window_start, merchant, amount_cents FROM per_minute"))}
+        remaining = {(p, o) for p, o in session.execute(text('SELECT partition, "offset" FROM dead_letters'))}
+    good = {co: p for co, p in zip(coords, payments, strict=True) if p.json_ok and co not in expected.late}
+    assert len(rows) == len({(p, o) for p, o, *_ in rows}) == len(good)
+    assert {(p, o): (pid, a) for p, o, pid, a in rows} == {
+        co: (json.loads(p.value)["payment_id"], p.amount) for co, p in good.items()}
+    oracle: Counter = Counter()
+    for p in good.values():
+        epoch = int(p.event_time.timestamp())
+        oracle[(datetime.fromtimestamp(epoch - epoch % 60, tz=UTC), p.ip)] += p.amount
+    assert sums == dict(oracle)
+    assert remaining == not_json
+    assert cli(env, "verify", PIPELINE).returncode == 0
+
+    # A sink that cannot replay: the re-process is refused in one sentence, and nothing is written.
+    write_spec(specs, topic, "bigint", delta_upsert=True)
+    assert cli(env, "migrate").returncode == 0
+    with transaction(ledger_url) as session:
+        batches_before = session.execute(text("SELECT count(*) FROM batches")).scalar_one()
+    refused = microbatch(env, "reprocess", PIPELINE)
+    assert refused.returncode != 0
+    message = " ".join((refused.stdout + refused.stderr).split())
+    assert "sink 'latest' is a delta upsert table" in message, message
+    with transaction(ledger_url) as session:
+        assert session.execute(text("SELECT count(*) FROM batches")).scalar_one() == batches_before
