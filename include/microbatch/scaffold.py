@@ -5,6 +5,17 @@ It writes four files under the repository root: the spec (`include/pipelines/NAM
 `microbatch.transform`), its unit test (`tests/unit/test_NAME.py`, a local-Spark test of the transform)
 and the thin DAG file (`dags/NAME.py`). A JSON pipeline parses each record as a JSON object into the
 declared columns; a text pipeline stores each record as one `line`.
+
+`microbatch new NAME --from-topic TOPIC` writes a YAML-only pipeline instead (the spec, a unit test of the spec
+without Spark, and the DAG file; no transform), inferred from up to 100 records of the live topic
+(`microbatch.kafka.sampling`) by the pure `infer_pipeline`: the value's and the key's format (`json` when every
+non-null one is a JSON object, with Spark SQL types merged across the sample and `required` for the fields every
+object has non-null; else `text` when all are UTF-8; else `raw`; no format for a key that is always null), and one
+`postgres_append` sink named NAME whose `sql` selects every decoded column. A nested object is declared a struct
+and flattened into one column per leaf (`customer['address']['city'] AS customer_address_city`); an array, an object
+whose names are no identifiers (a map) and a field whose kinds do not mix (a variant) are stored as their JSON text.
+A name that is no lower-case SQL identifier, or that a record column or the job contract takes, becomes a snake_case
+column read with `from` (`userId` -> `user_id`, `timestamp` -> `payload_timestamp`).
 """
 
 from __future__ import annotations
