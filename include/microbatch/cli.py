@@ -806,18 +806,53 @@ def schema() -> None:
 @app.command()
 def new(
     name: str,
-    topic: Annotated[str, typer.Option(help="The Kafka topic the pipeline reads.")],
-    fmt: Annotated[str, typer.Option("--format", help="json: each record a JSON object; text: one line.")] = "json",
+    topic: Annotated[str | None, typer.Option(help="The Kafka topic the pipeline reads (with --format and "
+                                                   "--columns).")] = None,
+    from_topic: Annotated[str | None, typer.Option(
+        "--from-topic", help="Sample up to 100 records of this live topic and infer a YAML-only pipeline from them: "
+        "the key's and value's formats (json with typed fields, text or raw) and one postgres_append sink with a "
+        "sql query; no transform.")] = None,
+    fmt: Annotated[str | None, typer.Option("--format", help="json: each record a JSON object; text: one line. "
+                                            "Default json.")] = None,
     columns: Annotated[str | None, typer.Option(help="json: NAME:TYPE pairs, e.g. id:text,amount:bigint.")] = None,
 ) -> None:
-    """Write a new pipeline that runs as generated: its spec, transform, unit test and DAG file."""
+    """Write a new pipeline that runs as generated: its spec, transform, unit test and DAG file; or, with
+    --from-topic, its spec (formats and a SQL sink inferred from the topic's records), unit test and DAG file."""
     from microbatch import scaffold
 
+    if (topic is None) == (from_topic is None):
+        raise SpecError("`microbatch new` needs exactly one of --topic and --from-topic.",
+                        fix="Give --topic TOPIC (with --format and --columns) to describe the records yourself, or "
+                        "--from-topic TOPIC to infer them from the topic's records.")
+    if from_topic is not None:
+        if fmt is not None or columns is not None:
+            raise SpecError("--from-topic infers the format and the columns, so --format and --columns do not go "
+                            "with it.", fix="Drop them, or use --topic TOPIC --format ... --columns ... instead.")
+        _new_from_topic(name, from_topic)
+        return
+    assert topic is not None
     parsed = scaffold.parse_columns(columns) if columns else None
-    written = scaffold.new_pipeline(name, topic, fmt, parsed)
+    written = scaffold.new_pipeline(name, topic, fmt or "json", parsed)
     for path in written.values():
         console.print(f"wrote {path.relative_to(scaffold.ROOT)}", highlight=False)
     console.print(f"next: `microbatch migrate`, produce to {topic}, then `microbatch run {name}`.", highlight=False)
+
+
+def _new_from_topic(name: str, topic: str) -> None:
+    """`new NAME --from-topic TOPIC`: sample the topic, infer, write, and say what was inferred."""
+    from microbatch import scaffold
+    from microbatch.kafka.sampling import sample_topic
+
+    scaffold.check_new_name(name, scaffold.ROOT)  # a bad or taken name is refused before Kafka is asked
+    records = sample_topic(_kafka(), topic)
+    written, inference = scaffold.new_pipeline_from_sample(
+        name, topic, [r.key for r in records], [r.value for r in records], root=scaffold.ROOT)
+    for line in inference.summary(topic):
+        console.print(line, highlight=False, markup=False)
+    for path in written.values():
+        console.print(f"wrote {path.relative_to(scaffold.ROOT)}", highlight=False)
+    console.print(f"next: check the fields and types in {written['spec'].relative_to(scaffold.ROOT)}, then "
+                  f"`microbatch migrate` and `microbatch run {name}`.", highlight=False)
 
 
 def _create_output_topics(pipeline: str) -> None:

@@ -5,16 +5,36 @@ It writes four files under the repository root: the spec (`include/pipelines/NAM
 `microbatch.transform`), its unit test (`tests/unit/test_NAME.py`, a local-Spark test of the transform)
 and the thin DAG file (`dags/NAME.py`). A JSON pipeline parses each record as a JSON object into the
 declared columns; a text pipeline stores each record as one `line`.
+
+`microbatch new NAME --from-topic TOPIC` writes a YAML-only pipeline instead (the spec, a unit test of the spec
+without Spark, and the DAG file; no transform), inferred from up to 100 records of the live topic
+(`microbatch.kafka.sampling`) by the pure `infer_pipeline`: the value's and the key's format (`json` when every
+non-null one is a JSON object, with Spark SQL types merged across the sample and `required` for the fields every
+object has non-null; else `text` when all are UTF-8; else `raw`; no format for a key that is always null), and one
+`postgres_append` sink named NAME whose `sql` selects every decoded column. A nested object is declared a struct
+and flattened into one column per leaf (`customer['address']['city'] AS customer_address_city`); an array, an object
+whose names are no identifiers (a map) and a field whose kinds do not mix (a variant) are stored as their JSON text.
+A name that is no lower-case SQL identifier, or that a record column or the job contract takes, becomes a snake_case
+column read with `from` (`userId` -> `user_id`, `timestamp` -> `payload_timestamp`).
 """
 
 from __future__ import annotations
 
+import json
 import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
-from typing import get_args
+from typing import Any, get_args
+
+import sqlglot
+import yaml
+from sqlglot import exp
 
 from microbatch.config import SOURCE_COORDINATES, ColumnType
 from microbatch.errors import SpecError
+from microbatch.transform import ERROR_COLUMN, EVENT_TIME_COLUMN, HEADERS_COLUMN, LATE_COLUMN, RECORD_COLUMNS
 
 ROOT = Path(__file__).resolve().parents[2]
 FORMATS = ("json", "text")
@@ -52,19 +72,27 @@ def paths(name: str, root: Path = ROOT) -> dict[str, Path]:
             "test": root / "tests" / "unit" / f"test_{name}.py", "dag": root / "dags" / f"{name}.py"}
 
 
-def new_pipeline(name: str, topic: str, fmt: str, columns: dict[str, str] | None = None,
-                 root: Path = ROOT) -> dict[str, Path]:
-    """Write the four files; refuse a bad or existing name before writing any."""
+def check_new_name(name: str, root: Path = ROOT, kinds: tuple[str, ...] = ("spec", "transform", "test", "dag"),
+                   ) -> dict[str, Path]:
+    """The paths a new pipeline `name` gets; SpecError for a bad name or one whose files exist."""
     if not _NAME.match(name):
         raise SpecError(f"'{name}' is not a pipeline name.", fix="Use lower-case letters, digits and _ "
                         "(at most 41 characters), starting with a letter.")
-    if fmt not in FORMATS:
-        raise SpecError(f"'{fmt}' is not a format.", fix="Use --format json or --format text.")
     targets = paths(name, root)
     existing = [p for p in targets.values() if p.exists()]
     if existing:
         raise SpecError(f"A pipeline '{name}' exists already ({existing[0].relative_to(root)}).",
                         fix="Choose another name, or edit the existing files.")
+    return {kind: path for kind, path in targets.items() if kind in kinds}
+
+
+def new_pipeline(name: str, topic: str, fmt: str, columns: dict[str, str] | None = None,
+                 root: Path = ROOT) -> dict[str, Path]:
+    """Write the four files; refuse a bad or existing name before writing any."""
+    if fmt not in FORMATS:
+        check_new_name(name, root)
+        raise SpecError(f"'{fmt}' is not a format.", fix="Use --format json or --format text.")
+    targets = check_new_name(name, root)
     if fmt == "text":
         columns = {"line": "text"}
     columns = dict(columns or DEFAULT_JSON_COLUMNS)
@@ -243,4 +271,410 @@ from microbatch.airflow.dags import backfill_dag, maintenance_dag, pipeline_dag
 dag = pipeline_dag({name!r})
 backfill = backfill_dag({name!r})
 maintenance = maintenance_dag({name!r})  # None until the spec has a delta sink
+'''
+
+
+# `microbatch new NAME --from-topic TOPIC`: a YAML-only pipeline whose formats and columns are inferred from a
+# sample of the live topic (`microbatch.kafka.sampling`). The inference below is pure: sampled bytes in, spec out.
+
+INFER_RESERVED = (*RECORD_COLUMNS, HEADERS_COLUMN, ERROR_COLUMN, LATE_COLUMN, EVENT_TIME_COLUMN)
+"""Names a decoded column may not take (the record's columns and the job contract's): the field is read with
+`from` into `payload_<name>`."""
+_DATE = r"\d{4}-\d{2}-\d{2}"
+_TIME = _DATE + r"[T ]\d{2}:\d{2}:\d{2}(?:\.\d{1,6})?"
+_ZONED = re.compile(_TIME + r"(?:Z|[+-]\d{2}:\d{2})")
+_NAIVE = re.compile(_TIME)
+_DAY = re.compile(_DATE)
+_FIELD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_BIGINT = (-(2**63), 2**63 - 1)
+_POSTGRES = {"string": "text", "bigint": "bigint", "double": "double precision", "decimal(38,0)": "numeric",
+             "boolean": "boolean", "timestamp": "timestamptz", "timestamp_ntz": "timestamp", "date": "date"}
+_TEMPORAL = ("date", "timestamp_ntz", "timestamp")
+_NUMERIC = ("bigint", "decimal(38,0)", "double")
+
+
+@dataclass(frozen=True)
+class JsonType:
+    """What the sampled values of one JSON field were: `kind` is null (only nulls seen), boolean, bigint,
+    decimal(38,0), double, string, date, timestamp_ntz, timestamp, array (`element`), struct (`fields`, in order of
+    first sight), map (`element`: an object whose names are not identifiers) or variant (kinds that do not mix)."""
+
+    kind: str
+    element: JsonType | None = None
+    fields: tuple[tuple[str, JsonType], ...] = ()
+
+    @property
+    def spark(self) -> str:
+        """The Spark SQL type the json format declares for it (a field only ever null is declared a string)."""
+        if self.kind == "null":
+            return "string"
+        if self.kind in ("array", "map"):
+            assert self.element is not None
+            return f"array<{self.element.spark}>" if self.kind == "array" else f"map<string,{self.element.spark}>"
+        if self.kind == "struct":
+            return "struct<" + ", ".join(f"{name}: {kind.spark}" for name, kind in self.fields) + ">"
+        return self.kind
+
+
+NULL = JsonType("null")
+
+
+def observe(value: object) -> JsonType:
+    """The type of one parsed JSON value."""
+    if isinstance(value, list):
+        return JsonType("array", element=merged(observe(item) for item in value))
+    if isinstance(value, dict):
+        fields = tuple((name, observe(item)) for name, item in value.items())
+        if _struct_names([name for name, _ in fields]):
+            return JsonType("struct", fields=fields)
+        return JsonType("map", element=merged(kind for _, kind in fields))
+    return JsonType(_scalar_kind(value))
+
+
+def _scalar_kind(value: object) -> str:
+    if value is None:
+        kind = "null"
+    elif isinstance(value, bool):
+        kind = "boolean"
+    elif isinstance(value, int):
+        kind = "bigint" if _BIGINT[0] <= value <= _BIGINT[1] else "decimal(38,0)" if len(str(abs(value))) <= 38 \
+            else "double"
+    elif isinstance(value, float):
+        kind = "double"
+    else:
+        kind = _string_kind(str(value))
+    return kind
+
+
+def merged(kinds: Iterable[JsonType]) -> JsonType:
+    """The one type of all `kinds` (null for none)."""
+    result = NULL
+    for kind in kinds:
+        result = merge(result, kind)
+    return result
+
+
+def _string_kind(text: str) -> str:
+    """An ISO-8601 time that Python and Spark both read: timestamp with an offset or Z, timestamp_ntz without one,
+    date for a day alone; any other string is a string."""
+    for pattern, kind in ((_ZONED, "timestamp"), (_NAIVE, "timestamp_ntz"), (_DAY, "date")):
+        if pattern.fullmatch(text):
+            try:
+                datetime.fromisoformat(text)
+            except ValueError:
+                return "string"
+            return kind
+    return "string"
+
+
+def _struct_names(names: list[str]) -> bool:
+    """Whether an object's names can be a struct's fields: identifiers, not two of one spelling but for case."""
+    return bool(names) and all(_FIELD.fullmatch(n) for n in names) and len({n.lower() for n in names}) == len(names)
+
+
+def merge(a: JsonType, b: JsonType) -> JsonType:
+    """The one type that holds the values of both: null gives way, numbers widen (bigint, decimal, double), times
+    widen (date, timestamp_ntz, timestamp) and fall back to string, arrays and maps merge their elements, structs
+    their fields (a struct and a map, or the names a map must have, make a map); anything else is a variant."""
+    if a.kind == "null" or a == b:
+        return b
+    if b.kind == "null":
+        return a
+    kinds = {a.kind, b.kind}
+    if kinds <= set(_NUMERIC):
+        return JsonType(max(kinds, key=_NUMERIC.index))
+    if kinds <= {"string", *_TEMPORAL}:
+        return JsonType("string" if "string" in kinds else max(kinds, key=_TEMPORAL.index))
+    return _merge_containers(a, b)
+
+
+def _merge_containers(a: JsonType, b: JsonType) -> JsonType:
+    kinds = {a.kind, b.kind}
+    if kinds == {"array"}:
+        assert a.element is not None and b.element is not None
+        return JsonType("array", element=merge(a.element, b.element))
+    if kinds == {"struct"}:
+        fields = dict(a.fields)
+        for name, kind in b.fields:
+            fields[name] = merge(fields.get(name, NULL), kind)
+        if _struct_names(list(fields)):
+            return JsonType("struct", fields=tuple(fields.items()))
+    if kinds <= {"struct", "map"}:
+        return JsonType("map", element=merge(_values(a), _values(b)))
+    return JsonType("variant")
+
+
+def _values(kind: JsonType) -> JsonType:
+    """The merged type of the values of an object (a map's element, or every field of a struct)."""
+    if kind.kind == "map":
+        assert kind.element is not None
+        return kind.element
+    return merged(field for _, field in kind.fields)
+
+
+@dataclass(frozen=True)
+class SinkColumn:
+    """One column of the inferred sink: its name and PostgreSQL type, the Spark SQL expression over `records` that
+    gives it, and where it comes from (for the summary)."""
+
+    name: str
+    type: str
+    expression: str
+    origin: str
+
+
+@dataclass(frozen=True)
+class Side:
+    """What the sample says of a record's key or value: its format (`spec`, None for raw), the columns it gives
+    the sink, and one line for the summary."""
+
+    format: str
+    spec: dict[str, Any] | None
+    columns: tuple[SinkColumn, ...]
+    summary: str
+
+
+@dataclass(frozen=True)
+class Inference:
+    """The pipeline inferred from `sampled` records: the spec (a dict, as YAML writes it) and the summary lines."""
+
+    spec: dict[str, Any]
+    sampled: int
+    key: Side
+    value: Side
+
+    @property
+    def sink_columns(self) -> dict[str, str]:
+        return {c.name: c.type for c in (*self.key.columns, *self.value.columns)}
+
+    def summary(self, topic: str) -> list[str]:
+        lines = [f"sampled {self.sampled} record(s) of {topic} from the earliest offsets",
+                 f"value: {self.value.summary}", f"key: {self.key.summary}"]
+        width = max((len(c.origin) for c in (*self.key.columns, *self.value.columns)), default=0)
+        lines += [f"  {c.origin:<{width}}  ->  {c.name} {c.type}" for c in (*self.key.columns, *self.value.columns)]
+        return lines
+
+
+def snake_case(name: str) -> str:
+    """A lower-case SQL identifier for any JSON name: `userId` -> user_id, `user-id` -> user_id, `2fa` -> _2fa."""
+    text = re.sub(r"([A-Z]+)([A-Z][a-z])", r"\1_\2", name)
+    text = re.sub(r"([a-z0-9])([A-Z])", r"\1_\2", text).lower()
+    text = re.sub(r"[^a-z0-9]+", "_", text).strip("_") or "field"
+    return (f"_{text}" if text[0].isdigit() else text)[:48]
+
+
+def _unique(name: str, taken: set[str]) -> str:
+    candidate, n = name, 2
+    while candidate in taken:
+        candidate, n = f"{name}_{n}", n + 1
+    taken.add(candidate)
+    return candidate
+
+
+def quote_sql(name: str) -> str:
+    """`name` as a Spark SQL identifier: as it is where it parses as a column of that name, else in backticks."""
+    if _FIELD.fullmatch(name):
+        try:
+            parsed = sqlglot.parse_one(f"SELECT {name} FROM records", read="spark")
+        except sqlglot.errors.ParseError:
+            parsed = None
+        selected = parsed.expressions[0] if isinstance(parsed, exp.Select) else None
+        if isinstance(selected, exp.Column) and not selected.table and selected.name == name:
+            return name
+    return "`" + name.replace("`", "``") + "`"
+
+
+def _flatten(column: str, expression: str, kind: JsonType, origin: str, taken: set[str]) -> list[SinkColumn]:
+    """The sink columns of one decoded value: an atomic one is one column, a struct one column per field (nested
+    structs flattened too, `customer_address_city` from `customer['address']['city']`), and an array, a map or a
+    variant one `text` column of its JSON (`to_json`)."""
+    if kind.kind == "struct":
+        out: list[SinkColumn] = []
+        for name, field in kind.fields:
+            out += _flatten(f"{column}_{snake_case(name)}", f"{expression}['{name}']", field, f"{origin}.{name}",
+                            taken)
+        return out
+    name = _unique(column[:63], taken)
+    if kind.kind in ("array", "map", "variant"):
+        return [SinkColumn(name, "text", f"to_json({expression})", f"{origin} ({kind.spark}, as JSON text)")]
+    spark = "string" if kind.kind == "null" else kind.kind
+    return [SinkColumn(name, _POSTGRES[spark], expression, f"{origin} ({spark})")]
+
+
+def _parse_object(data: bytes) -> dict[str, Any] | None:
+    """A JSON object as Spark's parser reads it (UTF-8, no repeated name, no NaN or Infinity), else None."""
+    def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
+        if len({name for name, _ in items}) != len(items):
+            raise ValueError("a repeated name")
+        return dict(items)
+
+    def constant(name: str) -> float:
+        raise ValueError(name)
+
+    try:
+        parsed = json.loads(data.decode("utf-8"), object_pairs_hook=pairs, parse_constant=constant)
+    except (UnicodeDecodeError, ValueError):
+        return None
+    return parsed if isinstance(parsed, dict) else None
+
+
+def infer_side(side: str, datas: list[bytes | None], records: set[str], sink: set[str]) -> Side:
+    """The format of a record's `side` ("key" or "value") from its sampled bytes: JSON objects (every non-null
+    one) -> json, fields typed across the sample and `required` where every object has them non-null; else text
+    where all are UTF-8; else raw. All null -> raw with no column. `records` and `sink`: the decoded columns and
+    the sink's columns named so far; the ones named here are added."""
+    present = [d for d in datas if d is not None]
+    if not present:
+        return Side("raw", None, (), f"none (every sampled {side} is null)")
+    objects = [_parse_object(d) for d in present]
+    if all(o is not None for o in objects):
+        return _json_side(side, [o for o in objects if o is not None], len(datas), records, sink)
+    try:
+        for data in present:
+            data.decode("utf-8")
+    except UnicodeDecodeError:
+        column = SinkColumn(_unique(side, sink), "bytea", side, f"{side} (bytes)")
+        return Side("raw", None, (column,), f"raw: not all UTF-8, kept as bytes in {column.name}")
+    name = f"{side}_text"
+    records.add(name)
+    column = SinkColumn(_unique(name, sink), "text", name, f"{side} (UTF-8 text)")
+    return Side("text", {"format": "text"}, (column,), f"text: UTF-8, not all JSON objects, into {column.name}")
+
+
+def _json_side(side: str, objects: list[dict[str, Any]], sampled: int, records: set[str], sink: set[str]) -> Side:
+    kinds: dict[str, JsonType] = {}
+    filled: dict[str, int] = {}
+    for obj in objects:
+        for name, value in obj.items():
+            kinds[name] = merge(kinds.get(name, NULL), observe(value))
+            filled[name] = filled.get(name, 0) + (value is not None)
+    fields: dict[str, Any] = {}
+    required: list[str] = []
+    columns: list[SinkColumn] = []
+    for json_name, kind in kinds.items():
+        field = snake_case(json_name)
+        if field in INFER_RESERVED:
+            field = f"payload_{field}"
+        prefix = "" if side == "value" else "key_"
+        suffix, n = "", 2
+        while f"{prefix}{field}{suffix}" in records or f"{field}{suffix}" in fields:
+            suffix, n = f"_{n}", n + 1
+        field += suffix
+        column = f"{prefix}{field}"
+        records.add(column)
+        fields[field] = kind.spark if field == json_name else {"type": kind.spark, "from": json_name}
+        if filled[json_name] == len(objects):
+            required.append(field)
+        columns += _flatten(column, quote_sql(column), kind, f"{side}.{json_name}", sink)
+    spec: dict[str, Any] = {"format": "json", "fields": fields}
+    if required:
+        spec["required"] = required
+    nulls = f" ({sampled - len(objects)} null)" if sampled > len(objects) else ""
+    summary = (f"json: {len(objects)} object(s){nulls}, {len(fields)} field(s), required: "
+               f"{', '.join(required) or 'none'}")
+    return Side("json", spec, tuple(columns), summary)
+
+
+def infer_pipeline(name: str, topic: str, keys: list[bytes | None], values: list[bytes | None]) -> Inference:
+    """The YAML-only pipeline of the sampled records' keys and values: the source's formats and one
+    `postgres_append` sink named `name` whose columns are the decoded ones (flattened, see `_flatten`) and whose
+    `sql` selects them from `records`."""
+    records: set[str] = set()
+    sink: set[str] = set(SOURCE_COORDINATES)
+    key = infer_side("key", keys, records, sink)
+    value = infer_side("value", values, records, sink)
+    columns = [*key.columns, *value.columns]
+    if not columns:
+        raise SpecError(f"Every sampled record of {topic} has a null key and a null value, so there is nothing to "
+                        "infer.", fix="Produce a few records with values first, or describe them with --topic "
+                        "--format --columns.")
+    select = ",\n       ".join(c.expression if c.expression == quote_sql(c.name) else
+                               f"{c.expression} AS {quote_sql(c.name)}" for c in columns)
+    source: dict[str, Any] = {"topics": [topic], "startup": "earliest", "max_records_per_batch": 100000}
+    if key.spec is not None:
+        source["key"] = key.spec
+    if value.spec is not None:
+        source["value"] = value.spec
+    spec = {
+        "name": name,
+        "description": f"Records of {topic} ({value.format} value, {key.format} key), one row each.",
+        "schedule": "1m",
+        "source": source,
+        "sinks": [{"name": name, "type": "postgres_append", "table": name,
+                   "columns": {c.name: c.type for c in columns},
+                   "sql": f"SELECT {select}\nFROM records\n"}],
+        "retries": {"count": 3, "delay_seconds": 10},
+        "spark": {"mode": "auto", "conf": {"spark.sql.shuffle.partitions": "2"}},
+    }
+    return Inference(spec=spec, sampled=len(values), key=key, value=value)
+
+
+SAMPLED_FILES = ("spec", "test", "dag")
+"""What `new --from-topic` writes: no transform, the sink's `sql` is the job."""
+
+
+def new_pipeline_from_sample(name: str, topic: str, keys: list[bytes | None], values: list[bytes | None],
+                             root: Path = ROOT) -> tuple[dict[str, Path], Inference]:
+    """Write the spec, its unit test and the DAG file of the pipeline inferred from the sampled keys and values;
+    refuse a bad or existing name before writing any."""
+    targets = check_new_name(name, root, SAMPLED_FILES)
+    inference = infer_pipeline(name, topic, keys, values)
+    texts = {"spec": spec_yaml(inference, topic), "test": _sampled_test(inference), "dag": _dag(name)}
+    for kind, path in targets.items():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(texts[kind])
+    return targets, inference
+
+
+class _Dumper(yaml.SafeDumper):
+    """Block style, with a multi-line string (the sink's sql) as a literal block."""
+
+
+def _string(dumper: yaml.SafeDumper, text: str) -> yaml.ScalarNode:
+    return dumper.represent_scalar("tag:yaml.org,2002:str", text, style="|" if "\n" in text else None)
+
+
+_Dumper.add_representer(str, _string)
+
+
+def spec_yaml(inference: Inference, topic: str) -> str:
+    """The spec as YAML, with a header that says where it came from and what to check."""
+    name = inference.spec["name"]
+    header = (f"# Generated by `microbatch new {name} --from-topic {topic}` from {inference.sampled} sampled "
+              "record(s):\n# the formats, the fields and their types are a guess from those records; check them. A "
+              "record that does\n# not fit (a required field missing, a field of another type) is a dead letter "
+              "with the reason. After a\n# change to the sink's columns, run `microbatch migrate` (new nullable "
+              "columns are added; a dropped or\n# retyped one is refused).\n")
+    return header + yaml.dump(inference.spec, Dumper=_Dumper, sort_keys=False, width=120, allow_unicode=True)
+
+
+def _sampled_test(inference: Inference) -> str:
+    name = inference.spec["name"]
+    source = inference.spec["source"]
+    formats = {side: source.get(side, {}).get("format", "raw") for side in ("key", "value")}
+    columns = "".join(f"    {column!r}: {kind!r},\n" for column, kind in inference.sink_columns.items())
+    return f'''"""The `{name}` pipeline's spec loads, and its sink's query gives the sink's columns (generated by
+`microbatch new --from-topic`; no Spark, no Kafka). Keep COLUMNS in step with include/pipelines/{name}.yaml."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from microbatch.config import load_spec
+
+SPEC = Path(__file__).resolve().parents[2] / "include" / "pipelines" / "{name}.yaml"
+FORMATS = {formats!r}
+COLUMNS = {{
+{columns}}}
+
+
+def test_the_spec_loads_and_the_query_gives_the_sink_columns() -> None:
+    spec = load_spec(SPEC)
+    assert {{"key": spec.source.key.format, "value": spec.source.value.format}} == FORMATS
+    (sink,) = spec.sinks
+    assert sink.name == {name!r} and spec.job is None
+    assert dict(sink.columns) == COLUMNS
+    query = spec.sink_queries()[sink.name]
+    assert list(query.columns) == list(COLUMNS)
+    assert [name for _, name in query.select] == [*COLUMNS, "topic", "partition", "offset"]
 '''
