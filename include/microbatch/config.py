@@ -361,7 +361,7 @@ ColumnType = Literal["text", "bigint", "integer", "smallint", "double precision"
 
 SOURCE_COORDINATES = ("topic", "partition", "offset")
 """Columns the platform adds to row sinks: where each row came from. A spec may not declare them."""
-JOB_COLUMN_NAMES = ("error", "late")
+JOB_COLUMN_NAMES = ("error", "late", "event_time")
 """Columns of the job contract (`transform.py`) that `parse` adds to the records: no decoded column may take them."""
 KEYS_FROM = Literal["columns", "record_key"]
 """Where an upsert sink's keys come from: the `keys` it lists (columns of the job's output), or the record key

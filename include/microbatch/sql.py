@@ -130,6 +130,8 @@ def sink_query(
     aliases = {n.lower() for n in names}
     for column in query.find_all(exp.Column):
         name = column.name.lower()
+        if column.table and column.table.lower() in known:
+            continue  # a field of a struct column: `customer.name`
         if name not in known and not (name in aliases and _in_group_or_order(column)):
             raise ValueError(f"{where} names the column '{column.name}', which {VIEW} lacks; its columns are "
                              f"{', '.join(sorted(available))}")
