@@ -384,12 +384,13 @@ def backfill(
     """Run the pipeline's backfill DAG (the same as triggering <pipeline>__backfill in the UI). Prints as `run` does:
     where its log goes, the DAG run's line and, when it fails, its cause and where the full log is (exit code 1)."""
     from microbatch.config import find_spec
-    from microbatch.phases.backfill import parse_params, plan_backfill
+    from microbatch.phases.backfill import form_params, parse_params, plan_backfill
     from microbatch.phases.reporting import log_backfill_plan
     from microbatch.runner import run_once
 
-    params = {"topic": topic, "start": start, "end": end, "mode": mode, "dry_run": dry_run,
-              "partitions": _partitions_param(partitions)}
+    chosen = _partitions_param(partitions)
+    params = form_params(topic, start, end, chosen if chosen == "all" else ", ".join(map(str, chosen)), mode,
+                         dry_run)
     spec = find_spec(pipeline)
     parse_params(spec, params)  # refuse bad parameters before anything runs
     if dry_run:  # the plan alone: computed here, as the backfill DAG's plan task would, and nothing written
