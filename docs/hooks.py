@@ -1,12 +1,21 @@
-"""mkdocs hooks: the pages generated from the code at every build, so they cannot go stale.
+"""The parts of the docs generated from the repository, committed in the pages so they read on GitHub too, and
+refreshed by one command: `make docs-generate` (`python docs/hooks.py`). `tests/unit/test_docs.py` regenerates
+them and fails, naming that command, when a committed page differs.
 
-- `<!-- generated: spec-reference -->` becomes the pipeline spec reference: one table per model of
-  `PipelineSpec.model_json_schema()` (what `microbatch schema` prints), with field, type, default and
-  description. A field without a description in the schema takes its attribute docstring in `config.py`.
-- `<!-- generated: cli-reference -->` becomes the CLI reference: every command of the Typer app, read from
-  its click command tree (usage, arguments and options with their help, defaults and bounds).
+Each generated part sits between two markers, and only what lies between them is rewritten:
 
-Nothing generated is written into docs/: the markers are replaced in memory, on the way to HTML.
+- `<!-- generated: spec-reference -->` ... `<!-- end generated: spec-reference -->`: the pipeline spec reference,
+  one table per model of `PipelineSpec.model_json_schema()` (what `microbatch schema` prints), with field, type,
+  default and description. A field without a description in the schema takes its attribute docstring in
+  `config.py`.
+- `<!-- generated: cli-reference -->` ... `<!-- end generated: cli-reference -->`: the CLI reference, every command
+  of the Typer app, read from its click command tree (usage, arguments and options with their help, defaults and
+  bounds).
+- `<!-- include: PATH -->` ... `<!-- end include: PATH -->`: the file PATH of the repository, in a code block.
+
+A start marker without its end (a page just written), and a snippet include of pymdownx (a code block holding only
+`--8<-- "PATH"`, which GitHub shows as that line), become marked parts on the next regeneration. As an mkdocs hook,
+the same refresh runs on every page on its way to HTML, so the site is current even before a regeneration.
 """
 
 from __future__ import annotations
@@ -18,25 +27,77 @@ import itertools
 import json
 import re
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
+DOCS = ROOT / "docs"
 for path in (ROOT, ROOT / "include"):  # `mkdocs serve` without PYTHONPATH finds the package too
     if str(path) not in sys.path:
         sys.path.insert(0, str(path))
 
-SPEC_MARKER = "<!-- generated: spec-reference -->"
-CLI_MARKER = "<!-- generated: cli-reference -->"
+REGENERATE = "make docs-generate"
+GENERATED = re.compile(r"<!-- generated: (?P<name>[\w-]+) -->\n(?:(?P<body>.*?)<!-- end generated: (?P=name) -->\n?)?",
+                       re.DOTALL)
+INCLUDED = re.compile(r"<!-- include: (?P<path>\S+) -->\n(?:(?P<body>.*?)<!-- end include: (?P=path) -->\n?)?",
+                      re.DOTALL)
+SNIPPET = re.compile(r"^(?P<fence>`{3,})[\w-]*\n--8<-- \"(?P<path>[^\"]+)\"\n(?P=fence)[ \t]*\n?", re.MULTILINE)
+LANGUAGES = {".py": "python", ".yaml": "yaml", ".yml": "yaml", ".toml": "toml", ".sql": "sql", ".sh": "bash"}
 
 
 def on_page_markdown(markdown: str, **_: Any) -> str:
-    """Replace each marker of a page by the reference it names."""
-    if SPEC_MARKER in markdown:
-        markdown = markdown.replace(SPEC_MARKER, spec_reference())
-    if CLI_MARKER in markdown:
-        markdown = markdown.replace(CLI_MARKER, cli_reference())
-    return markdown
+    """mkdocs: the page with its generated parts refreshed."""
+    return refresh(markdown)
+
+
+def generators() -> dict[str, Callable[[], str]]:
+    return {"spec-reference": spec_reference, "cli-reference": cli_reference}
+
+
+def included(path: str) -> str:
+    """The file at `path` (from the repository's root) as a code block, fenced longer than any run of backticks
+    in it."""
+    text = (ROOT / path).read_text()
+    fence = "`" * max(3, 1 + max((len(run) for run in re.findall(r"`+", text)), default=0))
+    return f"{fence}{LANGUAGES.get(Path(path).suffix, '')}\n{text.rstrip()}\n{fence}"
+
+
+def refresh(markdown: str) -> str:
+    """The page with every generated part and included file rewritten from the repository as it is now."""
+    markdown = SNIPPET.sub(lambda m: f"<!-- include: {m['path']} -->\n", markdown)
+    makers = generators()
+
+    def generated(match: re.Match[str]) -> str:
+        name = match["name"]
+        if name not in makers:
+            raise ValueError(f"unknown generated part {name!r}; known: {', '.join(makers)}")
+        return f"<!-- generated: {name} -->\n\n{makers[name]().strip()}\n\n<!-- end generated: {name} -->\n"
+
+    markdown = GENERATED.sub(generated, markdown)
+    return INCLUDED.sub(lambda m: f"<!-- include: {m['path']} -->\n{included(m['path'])}\n"
+                                  f"<!-- end include: {m['path']} -->\n", markdown)
+
+
+def stale_pages(pages: list[Path] | None = None) -> dict[Path, str]:
+    """The pages whose generated parts differ from a regeneration, with the regenerated text."""
+    found = {}
+    for page in pages if pages is not None else sorted(DOCS.glob("*.md")):
+        text = page.read_text()
+        fresh = refresh(text)
+        if fresh != text:
+            found[page] = fresh
+    return found
+
+
+def main() -> None:
+    """Rewrite the generated parts of every page under docs/ (what `make docs-generate` runs)."""
+    stale = stale_pages()
+    for page, fresh in stale.items():
+        page.write_text(fresh)
+        print(f"regenerated {page.relative_to(ROOT)}")
+    if not stale:
+        print("docs/: every generated part is current")
 
 
 # --- the spec reference, from the JSON Schema --------------------------------------------------------------
@@ -201,7 +262,7 @@ def spec_reference() -> str:
         cls = _model_class(name)
         docstrings = attribute_docstrings(cls) if cls is not None else {}
         title = f"`{where}`: {name}" if where else f"{name} (the whole spec)"
-        out.append(f"### {title} {{#{_anchor(name)}}}\n")
+        out.append(f'<a id="{_anchor(name)}"></a>\n\n### {title}\n')  # an anchor GitHub keeps too
         if model.get("description"):
             out.append(_text(inspect.cleandoc(model["description"])) + "\n")
         out.append("| field | type | default | description |\n|---|---|---|---|")
@@ -237,7 +298,7 @@ def cli_reference() -> str:
     for name in root.list_commands(root_ctx):  # type: ignore[attr-defined]
         command = root.get_command(root_ctx, name)  # type: ignore[attr-defined]
         ctx = command.context_class(command, info_name=name, parent=root_ctx)
-        out.append(f"## `microbatch {name}` {{#{name}}}\n")
+        out.append(f'<a id="{name}"></a>\n\n## `microbatch {name}`\n')
         for paragraph in re.split(r"\n\s*\n", command.help or ""):
             out.append(_text(" ".join(paragraph.split())) + "\n")
         usage = " ".join(_usage_piece(piece) for piece in command.collect_usage_pieces(ctx))
@@ -253,3 +314,7 @@ def cli_reference() -> str:
         if rows:
             out.append("| name | kind | help |\n|---|---|---|\n" + "\n".join(rows) + "\n")
     return "\n".join(out)
+
+
+if __name__ == "__main__":
+    main()

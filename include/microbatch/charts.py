@@ -15,10 +15,8 @@ import plotly.io as pio
 from plotly.offline import get_plotlyjs
 from plotly.subplots import make_subplots
 
-from microbatch.ledger.queries import STEP_KEYS, ChartData
+from microbatch.ledger.queries import STEP_KEYS, STEP_NAMES, ChartData
 
-STEP_NAMES = {"plan_s": "plan", "read_s": "read", "stage_write_s": "stage write", "commit_s": "commit",
-              "publish_s": "publish"}
 RANGE_NAMES = {"1h": "last hour", "1d": "last day", "7d": "last week"}
 _LAYOUT = {"height": 300, "margin": {"l": 60, "r": 20, "t": 40, "b": 40}, "template": pio.templates["plotly_white"],
            "legend": {"orientation": "h", "y": -0.2}, "hovermode": "x unified"}

@@ -384,12 +384,13 @@ def backfill(
     """Run the pipeline's backfill DAG (the same as triggering <pipeline>__backfill in the UI). Prints as `run` does:
     where its log goes, the DAG run's line and, when it fails, its cause and where the full log is (exit code 1)."""
     from microbatch.config import find_spec
-    from microbatch.phases.backfill import parse_params, plan_backfill
+    from microbatch.phases.backfill import form_params, parse_params, plan_backfill
     from microbatch.phases.reporting import log_backfill_plan
     from microbatch.runner import run_once
 
-    params = {"topic": topic, "start": start, "end": end, "mode": mode, "dry_run": dry_run,
-              "partitions": _partitions_param(partitions)}
+    chosen = _partitions_param(partitions)
+    params = form_params(topic, start, end, chosen if chosen == "all" else ", ".join(map(str, chosen)), mode,
+                         dry_run)
     spec = find_spec(pipeline)
     parse_params(spec, params)  # refuse bad parameters before anything runs
     if dry_run:  # the plan alone: computed here, as the backfill DAG's plan task would, and nothing written
@@ -550,10 +551,10 @@ def history(pipeline: str, limit: Annotated[int, typer.Option(min=1)] = 20, as_j
     for column in ("batch", "kind", "state", "try", "ranges", "records", "dead", "late", "seconds", "airflow run"):
         table.add_column(column)
     for b in batches:
-        seconds = " ".join(f"{k.removesuffix('_s')}={v}" for k, v in b.durations.items())
+        seconds = queries.step_seconds_text(b.durations)
         error = f" ({b.error})" if b.error and b.state != BatchState.COMMITTED else ""
         table.add_row(str(b.id), b.kind, b.state + error,
-                      str(b.attempt), b.ranges, str(b.records if b.records is not None else "-"),
+                      str(b.attempt), b.ranges_text, str(b.records if b.records is not None else "-"),
                       str(b.dead_letters or 0), str(b.late_records or 0), seconds,
                       _runs_text(b.airflow_run_id, b.committed_run_id))
     console.print(table)
@@ -749,33 +750,55 @@ def verify(pipeline: str, as_json: JsonFlag = False) -> None:
 @app.command()
 def show(
     pipeline: str,
-    sink: Annotated[str | None, typer.Argument(help="A table sink of the pipeline; its first one when omitted.")]
-    = None,
-    limit: Annotated[int, typer.Option(min=1, help="Rows to print.")] = 15,
+    sink: Annotated[str | None, typer.Argument(help="One sink of the pipeline; every sink when omitted.")] = None,
+    limit: Annotated[int, typer.Option(min=1, help="Rows to print per sink.")] = 15,
     count_by: Annotated[str | None, typer.Option(help="Delta sinks: rows per value of this column instead.")] = None,
 ) -> None:
-    """A sink's table: its first rows (the largest sums of an aggregate, the newest rows of a row sink or a Delta
-    table), its row count and totals, and the pipeline's dead letters and late records."""
+    """The pipeline's sinks, in spec order, or SINK only: a table's first rows (the largest sums of an aggregate,
+    the newest rows of a row sink or a Delta table), its row count and totals, and the pipeline's dead letters and
+    late records; a Kafka sink's newest published records and how many of those its commits wrote were
+    published."""
     from microbatch.config import find_spec
-    from microbatch.ledger import queries
-    from microbatch.ledger.database import transaction
     from microbatch.sinks.registry import sinks_of
 
     spec = find_spec(pipeline)
-    tables = [s for s in sinks_of(spec).values() if s.table is not None or s.lake_location is not None]
-    chosen = next((s for s in tables if s.name == sink), None) if sink else (tables[0] if tables else None)
-    if chosen is None:
-        raise SpecError(f"Pipeline '{pipeline}' has no table sink '{sink}'.",
-                        fix=f"Use one of: {', '.join(s.name for s in tables) or 'none'}.")
-    if chosen.view_order is None:
-        _show_lake(chosen, limit, count_by)
-        return
-    order, sums = chosen.view_order
+    shown = [s for s in sinks_of(spec).values() if s.table is not None or s.lake_location is not None or s.publishes]
+    chosen = [s for s in shown if s.name == sink] if sink else shown
+    if not chosen:
+        raise SpecError(f"Pipeline '{pipeline}' has no sink '{sink}'.",
+                        fix=f"Use one of: {', '.join(s.name for s in shown) or 'none'}.")
+    for one in chosen:
+        if one.view_order is not None:
+            _show_table(pipeline, one, limit)
+        elif one.lake_location is not None:
+            _show_lake(one, limit, count_by)
+        else:
+            _show_published(pipeline, one, limit)
+
+
+def _show_table(pipeline: str, sink: Sink, limit: int) -> None:
+    from microbatch.ledger import queries
+    from microbatch.ledger.database import transaction
+
+    assert sink.table is not None and sink.view_order is not None
+    order, sums = sink.view_order
     with transaction(_ledger_url()) as session:
-        view = queries.sink_view(session, _pipeline_id(session, pipeline), chosen.table, order, sums, limit)
+        view = queries.sink_view(session, _pipeline_id(session, pipeline), sink.table, order, sums, limit)
     totals = "".join(f", sum of {column} {value}" for column, value in view.sums.items())
-    _print_rows(f"{chosen.name} ({chosen.type}): {view.total_rows} rows{totals}; {view.dead_letters} dead "
+    _print_rows(f"{sink.name} ({sink.type}): {view.total_rows} rows{totals}; {view.dead_letters} dead "
                 f"letters, {view.late_records} late records", view.columns, view.rows)
+
+
+def _show_published(pipeline: str, sink: Sink, limit: int) -> None:
+    from microbatch.ledger import queries
+    from microbatch.ledger.database import transaction
+
+    with transaction(_ledger_url()) as session:
+        view = queries.published_view(session, _pipeline_id(session, pipeline), sink.name, limit)
+    pending = view.written - view.published
+    _print_rows(f"{sink.name} ({sink.type}, topic {sink.published_topic}): {view.published} records published in "
+                f"{view.transactions} transaction(s), {pending} waiting in the outbox; newest published",
+                view.columns, view.rows)
 
 
 def _print_rows(title: str, columns: list[str], rows: list[tuple]) -> None:

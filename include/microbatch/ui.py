@@ -38,7 +38,6 @@ JSON_PATH = "/api/ledger"
 # The backfill DAG of a pipeline is `<pipeline>__backfill` (see phases.backfill); the scheduled one is `<pipeline>`.
 BACKFILL_DAG_SUFFIX = "__backfill"
 PLOTLY_JS_PATH = "/static/plotly.min.js"  # the app's own copy of plotly.js: the page needs no internet
-DEFAULT_RANGE = "1d"
 
 
 @dataclass(frozen=True)
@@ -191,13 +190,13 @@ def _batch_rows(view: PipelineView, batches: list[queries.BatchSummary], airflow
         link = view.run_links.get(b.id)
         run = (f'<a target="_top" href="{escape(airflow_root + link)}">{escape(b.airflow_run_id or "")}</a>'
                if link else '<span class="muted">-</span>')
-        seconds = " ".join(f"{k.removesuffix('_s')}={v}" for k, v in b.durations.items())
+        seconds = queries.step_seconds_text(b.durations)
         error = f'<div class="muted">{escape(b.error)}</div>' if b.error and b.state != BatchState.COMMITTED else ""
         committed = f"{b.committed_at.astimezone(UTC):%Y-%m-%d %H:%M:%S} UTC" if b.committed_at else "-"
         rows.append(
             f'<tr data-batch="{b.id}">{_cell(b.id)}<td>{escape(b.kind)}</td>'
             f'<td class="state-{escape(b.state)}">{escape(b.state)}{error}</td>{_cell(b.attempt)}'
-            f"<td>{escape(b.ranges) or '-'}</td>{_cell(b.records, name='records')}{_cell(b.dead_letters or 0)}"
+            f"<td>{escape(b.ranges_text) or '-'}</td>{_cell(b.records, name='records')}{_cell(b.dead_letters or 0)}"
             f"{_cell(b.late_records or 0)}<td>{escape(seconds) or '-'}</td>"
             f"<td>{committed}</td><td>{run}</td></tr>"
         )
@@ -282,14 +281,19 @@ def render_page(views: list[PipelineView], airflow_root: str = "../", charts: st
     )
 
 
-def charts_section(sources: LedgerSources, names: list[str], pipeline: str | None, range_key: str) -> str:
-    """The charts section for `pipeline` (default: the first in the ledger) over `range_key`."""
+def charts_section(sources: LedgerSources, names: list[str], pipeline: str | None, range_key: str | None) -> str:
+    """The charts section for `pipeline` over `range_key`. Without them (or with a name or a range the page does
+    not know), the most recently active pipeline, over the shortest range that holds its last activity."""
     from microbatch.charts import chart_divs
 
     if not names:
         return ""
-    pipeline = pipeline if pipeline in names else names[0]
     with transaction(sources.ledger_url()) as session:
+        active = queries.last_activity(session)
+        if pipeline not in names:
+            pipeline = next((name for name in active if name in names), names[0])
+        if range_key not in queries.CHART_RANGES:
+            range_key = queries.range_showing(session, active.get(pipeline))
         pid = queries.pipeline_id(session, pipeline)
         assert pid is not None
         data = queries.chart_data(session, pid, range_key)
@@ -320,9 +324,7 @@ def create_app(
 
     @app.get(PAGE_PATH, response_class=HTMLResponse, dependencies=[Depends(auth)])
     def ledger_page(pipeline: str | None = None,
-                    range_key: str = Query(DEFAULT_RANGE, alias="range")) -> HTMLResponse:
-        if range_key not in queries.CHART_RANGES:
-            range_key = DEFAULT_RANGE  # a hand-edited URL gets the default range, not an error page
+                    range_key: str | None = Query(None, alias="range")) -> HTMLResponse:
         try:
             views = ledger_report(sources)
             charts = charts_section(sources, [v.name for v in views], pipeline, range_key)

@@ -52,7 +52,7 @@ AFTER_A_RUN = [
     (["reset", "ip_count", "--to", "timestamp", "--value", "yesterday"], "'yesterday' is not an ISO-8601 time"),
     (["reset", "ip_count", "--to", "latest", "--partition", "9", "--yes"], "partition 9 does not exist"),
     (["abandon", "ip_count", "999", "--yes"], "Batch 999 of ip_count is not open"),
-    (["show", "ip_count", "nosink"], "Pipeline 'ip_count' has no table sink 'nosink'. Use one of: ip_counts."),
+    (["show", "ip_count", "nosink"], "Pipeline 'ip_count' has no sink 'nosink'. Use one of: ip_counts, ip_count_sink."),
     (["show", "nosuch"], "There is no pipeline 'nosuch' in"),
 ]
 NO_STACK = [["status"], ["history", "ip_count"], ["find", "ip_count", "ip_count_source", "0", "5"],

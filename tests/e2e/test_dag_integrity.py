@@ -3,6 +3,7 @@ only its own DAG; parsing does no network or database I/O."""
 
 from __future__ import annotations
 
+import copy
 import json
 import shutil
 import socket
@@ -44,8 +45,21 @@ def test_dags_import_with_tags_and_retries(monkeypatch):
     assert [a.uri for a in clicks.get_task("publish").outlets] == ["microbatch://clicks/clicks_out"]
     backfill = bag.dags["ip_count__backfill"]
     assert backfill.schedule is None or str(backfill.timetable.summary) in ("None", "")
-    assert set(backfill.params) == {"topic", "partitions", "start", "end", "mode", "dry_run"}
+    assert set(backfill.params) == {"topic", "partitions", "start", "end", "start_time", "end_time", "mode", "dry_run"}
     assert [t.task_id for t in backfill.topological_sort()] == ["plan", "stage", "commit", "publish"]
+    # Airflow 3's form renders a field of several JSON types as a JSON text area: each field has one (issue 45).
+    for name, param in backfill.params.items():
+        kinds = param.schema["type"] if isinstance(param.schema["type"], list) else [param.schema["type"]]
+        assert len([k for k in kinds if k != "null"]) == 1, (name, param.schema)
+    assert {n: backfill.params.get_param(n).schema["type"] for n in ("start", "end", "partitions")} == {
+        "start": "integer", "end": ["null", "integer"], "partitions": "string"}
+    from microbatch.phases.backfill import form_params
+
+    for given in (("0", "latest", "all"), ("5", "90", "0, 2"), ("2026-11-22T12:00:00Z", "2026-11-22T13:00:00Z", "3")):
+        conf = form_params("ip_count_source", *given, "fill", True)
+        checked = copy.deepcopy(backfill.params)
+        checked.update(conf)
+        checked.validate()  # what Airflow does to a triggered run's conf
 
 
 def test_bad_spec_breaks_only_its_own_dag(tmp_path, monkeypatch):

@@ -62,5 +62,5 @@ def test_watermark_late_records_and_final_windows_published_once(service_env, to
 
     log = run_log(second)
     assert "150 late record(s) kept in late_records" in log
-    assert "window(s) became final: outbox ip_count_sink seq" in log
+    assert "row(s) of the window(s) that became final: outbox ip_count_sink seq" in log
     assert "publish ip_count/ip_count_sink: sequences" in log

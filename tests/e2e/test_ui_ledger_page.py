@@ -210,6 +210,7 @@ def test_ledger_page_shows_the_ledger_behind_airflow_login(airflow_server, servi
             page.wait_for_url("**/plugin/microbatch-ledger")
             page.frame_locator("iframe").locator("section[data-pipeline=ip_count]").wait_for(timeout=20_000)
             page.screenshot(path=str(tmp_path / "ledger_in_airflow_ui.png"), full_page=True)
+            check_backfill_form(page, airflow_server, tmp_path)
         finally:
             browser.close()
     hosts = {urlsplit(u).hostname for u in requested if urlsplit(u).scheme in ("http", "https", "ws", "wss")}
@@ -217,6 +218,31 @@ def test_ledger_page_shows_the_ledger_behind_airflow_login(airflow_server, servi
     print(f"ledger page screenshot: {screenshot}")
     assert screenshot.stat().st_size > 10_000
     backfill_through_the_rest_api(airflow_server, url, topic)
+
+
+def check_backfill_form(page, server: AirflowStandalone, tmp_path: Path) -> None:
+    """The backfill DAG's trigger form (issue 45): the offsets are number fields, the partitions one line of text;
+    no field is a JSON text area. Its screenshot is docs/img/backfill-form.png."""
+    dag = "ip_count__backfill"
+    deadline = time.monotonic() + 180
+    while server.api("GET", f"/api/v2/dags/{dag}")[0] != 200:  # the dag-processor parses dags/ first
+        assert time.monotonic() < deadline, "the backfill DAG was never parsed"
+        time.sleep(2)
+    page.goto(f"{server.base}/dags/{dag}")
+    page.locator("button", has_text="Trigger").first.click()
+    dialog = page.get_by_role("dialog")
+    numbers = dialog.get_by_role("spinbutton")
+    try:
+        numbers.first.wait_for(timeout=20_000)
+        fields = page.evaluate("""() => [...document.querySelectorAll('[role=dialog] input, [role=dialog] textarea')]
+            .map(e => ({tag: e.tagName, role: e.getAttribute('role'), value: e.value}))""")
+        assert [f["value"] for f in fields if f["role"] == "spinbutton"] == ["0", ""], fields  # start, end
+        assert [f["tag"] for f in fields if f["value"] == "all"] == ["INPUT"], fields  # partitions: one line
+        # No field is a JSON text area (the one empty text area is the run's note).
+        assert not [f for f in fields if f["tag"] == "TEXTAREA" and f["value"]], fields
+    finally:
+        page.screenshot(path=str(tmp_path / "backfill_form.png"))
+    print(f"backfill form screenshot: {tmp_path / 'backfill_form.png'}")
 
 
 def check_charts(page, url: str, tmp_path: Path) -> None:
@@ -261,12 +287,12 @@ def backfill_through_the_rest_api(server: AirflowStandalone, url: str, topic: st
         batches_before = session.execute(text("SELECT count(*) FROM batches")).scalar_one()
 
     code, body = server.api("POST", f"/api/v2/dags/{dag}/dagRuns", {
-        "logical_date": None, "conf": {"topic": topic, "start": 0, "end": "latest", "mode": "redo"}})
+        "logical_date": None, "conf": {"topic": topic, "start": 0, "mode": "redo"}})
     assert code == 400 and "mode" in json.dumps(body), (code, body)
     assert server.api("GET", f"/api/v2/dags/{dag}/dagRuns")[1]["total_entries"] == 0
 
     code, run = server.api("POST", f"/api/v2/dags/{dag}/dagRuns", {
-        "logical_date": None, "conf": {"topic": topic, "start": 0, "end": "latest", "dry_run": True}})
+        "logical_date": None, "conf": {"topic": topic, "start": 0, "end": None, "dry_run": True}})
     assert code == 200, (code, run)
     path = f"/api/v2/dags/{dag}/dagRuns/{quote(run['dag_run_id'], safe='')}"
     while (state := server.api("GET", path)[1]["state"]) not in ("success", "failed"):

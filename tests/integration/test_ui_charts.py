@@ -115,6 +115,10 @@ def test_page_draws_the_charts_with_its_own_plotly(ledger_url):
     script = client.get("/static/plotly.min.js")
     assert script.status_code == 200 and script.headers["content-type"].startswith("application/javascript")
     assert len(script.content) > 1_000_000 and b"plotly.js" in script.content[:2000]
-    # A range the page does not know falls back to the default; an unknown pipeline to the first one.
+    # A range the page does not know, or an unknown pipeline, falls back to what the page opens on: the most
+    # recently active pipeline, over the shortest range that holds its last activity (tests/integration/
+    # test_ui_ledger.py).
+    with transaction(ledger_url) as session:
+        opening = queries.range_showing(session, NOW)
     fallback = client.get("/ledger", params={"pipeline": "nope", "range": "1y"})
-    assert fallback.status_code == 200 and 'data-charts="charted" data-range="1d"' in fallback.text
+    assert fallback.status_code == 200 and f'data-charts="charted" data-range="{opening}"' in fallback.text

@@ -9,14 +9,16 @@ from __future__ import annotations
 import importlib.util
 import socket
 import time
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
 from fastapi import HTTPException
 from fastapi.testclient import TestClient
-from sqlalchemy import make_url
+from sqlalchemy import make_url, text
 
 from microbatch.config import find_spec
+from microbatch.ledger import queries
 from microbatch.ledger import repository as repo
 from microbatch.ledger.database import transaction
 from microbatch.phases.commit import commit_batch
@@ -111,3 +113,48 @@ def test_plugin_module_builds_without_touching_the_network(monkeypatch):
     assert {r.path for r in app["app"].routes} >= {"/ledger", "/api/ledger"}
     [view] = plugin.external_views
     assert view["href"] == "microbatch/ledger" and view["destination"] == "nav"
+
+
+def pipeline_active(url: str, name: str, ago: timedelta) -> None:
+    """A pipeline whose one committed batch was planned and committed `ago` before the database's clock."""
+    with transaction(url) as session:
+        session.execute(text(
+            "WITH p AS (INSERT INTO pipelines (name, spec_hash) VALUES (:n, 'x') RETURNING id) "
+            "INSERT INTO batches (pipeline_id, kind, state, attempt, counts, timings, created_at, committed_at) "
+            "SELECT id, 'scheduled', 'committed', 1, '{\"records\": 5}', '{\"read_s\": 1.0}', now() - :ago, "
+            "now() - :ago FROM p"), {"n": name, "ago": ago})
+
+
+@pytest.mark.parametrize(("ago", "opens_on"), [(timedelta(minutes=10), "1h"), (timedelta(hours=5), "1d"),
+                                               (timedelta(days=3), "7d"), (timedelta(days=30), "7d")])
+def test_page_opens_on_the_most_recently_active_pipeline_over_a_range_that_shows_it(ledger_url, ago, opens_on):
+    pipeline_active(ledger_url, "alpha", timedelta(days=60))  # first by name, idle for longer
+    pipeline_active(ledger_url, "zulu", ago)
+    with transaction(ledger_url) as session:  # never planned: last, and its charts open on the longest range
+        session.execute(text("INSERT INTO pipelines (name, spec_hash) VALUES ('idle', 'x')"))
+    client = TestClient(create_app(LedgerSources(ledger_url=lambda: ledger_url, kafka_settings=closed_kafka,
+                                                 kafka_timeout_s=0.5), auth=allow))
+    page = client.get("/ledger")
+    assert page.status_code == 200
+    assert f'data-charts="zulu" data-range="{opens_on}"' in page.text
+    if ago < timedelta(days=7):  # the range chosen holds the batch: the records chart has its point
+        with transaction(ledger_url) as session:
+            data = queries.chart_data(session, queries.pipeline_id(session, "zulu"), opens_on)
+        assert [p.records for p in data.batches] == [5]
+    # What the visitor picks stays picked.
+    assert 'data-charts="alpha" data-range="1h"' in client.get("/ledger?pipeline=alpha&range=1h").text
+    assert 'data-charts="alpha" data-range="7d"' in client.get("/ledger?pipeline=alpha").text
+    assert 'data-charts="idle" data-range="7d"' in client.get("/ledger?pipeline=idle").text
+    with transaction(ledger_url) as session:
+        assert list(queries.last_activity(session)) == ["zulu", "alpha", "idle"]
+
+
+def test_batch_ranges_are_structured_in_the_json_and_one_line_on_the_page(ledger_url):
+    commit_one_batch(ledger_url)
+    client = TestClient(create_app(LedgerSources(ledger_url=lambda: ledger_url, kafka_settings=closed_kafka,
+                                                 kafka_timeout_s=0.5), auth=allow))
+    [view] = client.get("/api/ledger").json()["pipelines"]
+    assert view["batches"][0]["ranges"] == [
+        {"topic": "t", "partition": 0, "start": 0, "end": 7, "superseded_by": None},
+        {"topic": "t", "partition": 1, "start": 0, "end": 3, "superseded_by": None}]
+    assert "<td>t[0] [0, 7) t[1] [0, 3)</td>" in client.get("/ledger").text

@@ -6,7 +6,7 @@ import pytest
 
 from microbatch.config import find_spec
 from microbatch.errors import SpecError
-from microbatch.phases.backfill import parse_params
+from microbatch.phases.backfill import form_params, parse_params
 from microbatch.planning import layers, open_overlaps, plan_fill, plan_replay, subtract
 from microbatch.types import CommittedRange, OffsetRange, TopicPartition
 
@@ -62,6 +62,35 @@ def test_params_are_validated_with_the_field_named():
         parse_params(spec, {"topic": "ip_count_source", "start": -1, "end": "latest"})
     latest = parse_params(spec, {"topic": "ip_count_source", "start": 0, "end": "latest", "mode": "replay"})
     assert (latest.end, latest.mode) == ("latest", "replay")
+
+
+def test_the_trigger_forms_fields_read_back_as_the_same_params():
+    """The form has one JSON type per field (issue 45): offsets are numbers, times are `start_time`/`end_time`, no
+    `end` is latest, partitions are text; they validate as the model's own values do."""
+    spec = find_spec("ip_count")
+    form = {"topic": "ip_count_source", "mode": "fill", "dry_run": False}
+    offsets = parse_params(spec, {**form, "partitions": " 0, 2 ", "start": 3, "end": 9})
+    assert (offsets.start, offsets.end, offsets.partitions) == (3, 9, [0, 2])
+    latest = parse_params(spec, {**form, "partitions": "all", "start": 0, "end": None, "start_time": None})
+    assert (latest.start, latest.end, latest.partitions) == (0, "latest", "all")
+    times = parse_params(spec, {**form, "start": 0, "start_time": "2026-11-22T12:00:00Z",
+                                "end_time": "2026-11-22T12:01:00Z"})
+    assert (times.start, times.end) == (datetime(2026, 11, 22, 12, tzinfo=UTC),
+                                        datetime(2026, 11, 22, 12, 1, tzinfo=UTC))
+    with pytest.raises(SpecError, match="Backfill parameter 'partitions': '0; 2' is not \"all\" or partition"):
+        parse_params(spec, {**form, "partitions": "0; 2", "start": 0})
+    with pytest.raises(SpecError, match="Backfill parameter 'start_time': give the start as an offset or as a time"):
+        parse_params(spec, {**form, "start": 5, "start_time": "2026-11-22T12:00:00Z"})
+    with pytest.raises(SpecError, match="Backfill parameter 'end': start and end must both be offsets or both"):
+        parse_params(spec, {**form, "start": 0, "end_time": "2026-11-22T12:00:00Z"})
+    with pytest.raises(SpecError, match="Backfill parameter 'end': must be greater than start"):
+        parse_params(spec, {**form, "start": 9, "end": 5})
+    # The CLI's text becomes the form's values.
+    assert form_params("t", "5", "latest", "0, 2", "replay", True) == {
+        "topic": "t", "partitions": "0, 2", "mode": "replay", "dry_run": True, "start": 5}
+    assert form_params("t", "2026-11-22T12:00:00Z", "2026-11-22T13:00:00Z", "all", "fill", False) == {
+        "topic": "t", "partitions": "all", "mode": "fill", "dry_run": False,
+        "start_time": "2026-11-22T12:00:00Z", "end_time": "2026-11-22T13:00:00Z"}
 
 
 def test_replay_is_widened_to_whole_committed_ranges_one_batch_per_original():

@@ -37,7 +37,7 @@ def test_records_bars_carry_their_batch_counts_and_the_rate_skips_unknowns():
 
 def test_steps_stack_every_step_and_bad_records_stack_dead_and_late():
     steps = charts.steps_figure(sample())
-    assert [t.name for t in steps.data] == ["plan", "read", "stage write", "commit", "publish"]
+    assert [t.name for t in steps.data] == ["plan", "read+stage", "dead+late", "commit", "publish"]
     assert steps.layout.barmode == "stack"
     dead, late = charts.bad_records_figure(sample()).data
     assert (list(dead.y), list(late.y)) == ([4, 0], [1, 0])

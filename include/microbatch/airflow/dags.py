@@ -93,17 +93,24 @@ def _scheduled_dag_args(spec: PipelineSpec) -> dict[str, Any]:
 
 def _backfill_dag_args(spec: PipelineSpec) -> dict[str, Any]:
     """Not scheduled; a validated trigger form; fill by offsets or times."""
+    from microbatch.phases.backfill import PARTITIONS_PATTERN
     topics = spec.source.topics
     topic = (Param(topics[0], type="string", enum=topics, description="The topic to backfill.") if topics
              else Param("", type="string", description=f"A topic matching {spec.source.topic_pattern}."))
+    # One JSON type per field: a field of several types is a JSON text area in Airflow 3's form; an integer is a
+    # number field, a date-time a picker. `phases/backfill.parse_params` reads them back (and validates as before).
     params = {
         "topic": topic,
-        "partitions": Param("all", type=["string", "array"],
-                            description='"all", or a list of partition numbers such as [0, 2].'),
-        "start": Param(0, type=["integer", "string"],
-                       description="First offset, or an ISO-8601 time (the first offset at or after it)."),
-        "end": Param("latest", type=["integer", "string"],
-                     description="End offset (exclusive), an ISO-8601 time, or latest (each partition's end)."),
+        "partitions": Param("all", type="string", pattern=PARTITIONS_PATTERN,
+                            description="all, or partition numbers separated by commas, such as 0, 2."),
+        "start": Param(0, type="integer", minimum=0, description="First offset."),
+        "end": Param(None, type=["null", "integer"], minimum=0,
+                     description="End offset (exclusive); empty: each partition's latest offset."),
+        "start_time": Param(None, type=["null", "string"], format="date-time",
+                            description="Instead of the start offset: the first offset at or after this time."),
+        "end_time": Param(None, type=["null", "string"], format="date-time",
+                          description="Instead of the end offset: the first offset at or after this time "
+                          "(exclusive). With start_time."),
         "mode": Param("fill", type="string", enum=["fill", "replay"],
                       description="fill: only never-committed offsets. replay: recompute committed offsets "
                       "(widened to whole committed batches) and replace their output."),

@@ -6,6 +6,7 @@ table, JSON or a web page.
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -29,12 +30,27 @@ class PartitionStatus:
 
 
 @dataclass
+class BatchRange:
+    """Offsets [start, end) of one partition that a batch read; `superseded_by` is the replay that replaced them."""
+
+    topic: str
+    partition: int
+    start: int
+    end: int
+    superseded_by: int | None = None
+
+    def __str__(self) -> str:
+        replaced = f" replaced by {self.superseded_by}" if self.superseded_by is not None else ""
+        return f"{self.topic}[{self.partition}] [{self.start}, {self.end}){replaced}"
+
+
+@dataclass
 class BatchSummary:
     id: int
     kind: str
     state: str
     attempt: int
-    ranges: str
+    ranges: list[BatchRange]
     records: int | None
     dead_letters: int | None
     late_records: int | None
@@ -44,6 +60,11 @@ class BatchSummary:
     committed_at: datetime | None
     error: str | None
     committed_run_id: str | None = None
+
+    @property
+    def ranges_text(self) -> str:
+        """The ranges on one line, for a table: `topic[p] [start, end)`, and who replaced them."""
+        return " ".join(str(r) for r in self.ranges)
 
 
 @dataclass
@@ -136,10 +157,9 @@ def backfill_batches(session: Session, pipeline: int, limit: int = 20) -> list[B
 def _batches(session: Session, pipeline: int, limit: int, kind: str | None) -> list[BatchSummary]:
     rows = session.execute(
         text(
-            "SELECT b.*, (SELECT string_agg(r.topic || '[' || r.partition || '] [' || r.start_offset || ', ' "
-            "|| r.end_offset || ')' || coalesce(' replaced by ' || r.superseded_by, ''), ' ' "
-            "ORDER BY r.topic, r.partition) FROM ranges r WHERE r.batch_id = b.id) "
-            "AS range_text FROM batches b WHERE b.pipeline_id = :p "
+            "SELECT b.*, (SELECT json_agg(json_build_array(r.topic, r.partition, r.start_offset, r.end_offset, "
+            "r.superseded_by) ORDER BY r.topic, r.partition, r.start_offset) FROM ranges r WHERE r.batch_id = b.id) "
+            "AS range_rows FROM batches b WHERE b.pipeline_id = :p "
             "AND (CAST(:k AS text) IS NULL OR b.kind = ANY(string_to_array(:k, ','))) "
             "ORDER BY b.id DESC LIMIT :n"
         ),
@@ -151,7 +171,7 @@ def _batches(session: Session, pipeline: int, limit: int, kind: str | None) -> l
             kind=row["kind"],
             state=row["state"],
             attempt=row["attempt"],
-            ranges=row["range_text"] or "",
+            ranges=[BatchRange(*r) for r in row["range_rows"] or []],
             records=(row["counts"] or {}).get("records"),
             dead_letters=(row["counts"] or {}).get("dead_letters"),
             late_records=(row["counts"] or {}).get("late_records"),
@@ -258,6 +278,34 @@ def sink_view(session: Session, pipeline: int, table: str, order_by: list[str], 
     return SinkView(columns, rows, total_rows, dict(zip(sum_columns, sums, strict=True)), dead, late)
 
 
+@dataclass
+class PublishedView:
+    """What a publishing sink has put in its outbox and what of it its publisher has sent to Kafka."""
+
+    columns: list[str]
+    rows: list[tuple[Any, ...]]  # the newest published records, newest first
+    written: int  # outbox records the commits wrote
+    published: int  # of them, those the publisher has committed to the topic (sequences up to its progress)
+    transactions: int  # Kafka transactions the publisher committed
+
+
+def published_view(session: Session, pipeline: int, sink: str, limit: int) -> PublishedView:
+    """The newest `limit` records a publishing sink has published (outbox sequences up to the publisher's
+    progress), newest first, and how many the commits wrote and the publisher sent."""
+    params = {"p": pipeline, "s": sink, "n": limit}
+    last, transactions = session.execute(text(
+        "SELECT coalesce(max(last_seq), 0), coalesce(max(transactions), 0) FROM publish_progress "
+        "WHERE pipeline_id = :p AND sink = :s"), params).one()
+    result = session.execute(text(
+        "SELECT seq, batch_id AS batch, key, value, created_at FROM outbox WHERE pipeline_id = :p AND sink = :s "
+        "AND seq <= :last ORDER BY seq DESC LIMIT :n"), {**params, "last": last})
+    columns = list(result.keys())
+    rows = [tuple(json.dumps(v, sort_keys=True) if isinstance(v, dict) else v for v in row) for row in result.all()]
+    written = session.execute(text("SELECT count(*) FROM outbox WHERE pipeline_id = :p AND sink = :s"),
+                              params).scalar_one()
+    return PublishedView(columns, rows, written, min(int(last), written), int(transactions))
+
+
 # ---- charts: the ledger page's series, bucketed in the database --------------------------------------
 
 CHART_RANGES = {"1h": 3600, "1d": 86_400, "7d": 604_800}
@@ -266,6 +314,18 @@ CHART_BUCKETS = 120
 """Points per series at most: the database sums each range into this many buckets of equal width."""
 STEP_KEYS = ("plan_s", "read_s", "stage_write_s", "commit_s", "publish_s")
 """The step seconds a batch records (`batches.timings`), in the order the chart stacks them."""
+STEP_NAMES = {"plan_s": "plan", "read_s": "read+stage", "stage_write_s": "dead+late", "commit_s": "commit",
+              "publish_s": "publish"}
+"""What each step times, as `history`, the ledger page and its chart name it: `read_s` is the Spark job (the read,
+the transform and the staging writes of the sinks), `stage_write_s` only the writes of its dead letters and late
+records."""
+
+
+def step_seconds_text(durations: dict[str, Any]) -> str:
+    """A batch's step seconds on one line, in the order of the steps, by the names of `STEP_NAMES`
+    (`plan=0.4 read+stage=2.1 ...`; a JSONB object keeps its keys in its own order)."""
+    keys = [key for key in STEP_KEYS if key in durations] + sorted(set(durations) - set(STEP_KEYS))
+    return " ".join(f"{STEP_NAMES.get(key, key.removesuffix('_s'))}={durations[key]}" for key in keys)
 
 
 @dataclass
@@ -294,6 +354,28 @@ class ChartData:
     bucket_s: int
     lag: list[LagPoint]
     batches: list[BatchPoint]
+
+
+def last_activity(session: Session) -> dict[str, datetime | None]:
+    """Each pipeline's last activity (its newest batch planned or committed, or plan that saw its lag), the most
+    recently active first; a pipeline that never planned comes last."""
+    rows = session.execute(text(
+        "SELECT p.name, greatest((SELECT max(greatest(b.created_at, b.committed_at)) FROM batches b "
+        "WHERE b.pipeline_id = p.id), (SELECT max(s.planned_at) FROM lag_snapshots s WHERE s.pipeline_id = p.id)) "
+        "AS at FROM pipelines p ORDER BY at DESC NULLS LAST, p.name")).all()
+    return {name: at for name, at in rows}
+
+
+def range_showing(session: Session, last: datetime | None, now: datetime | None = None) -> str:
+    """The shortest chart range that reaches back to `last` (a pipeline's last activity) from `now` (default: the
+    database's clock, as `chart_data`'s), so the charts open on its data; the longest when it has none that
+    recent."""
+    now = now or session.execute(text("SELECT now()")).scalar_one()
+    if last is not None:
+        for key, seconds in sorted(CHART_RANGES.items(), key=lambda item: item[1]):
+            if last >= now - timedelta(seconds=seconds):
+                return key
+    return max(CHART_RANGES, key=CHART_RANGES.__getitem__)
 
 
 def bucket_seconds(range_key: str, buckets: int = CHART_BUCKETS) -> int:

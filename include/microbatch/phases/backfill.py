@@ -72,9 +72,49 @@ class BackfillParams(BaseModel):
         return self
 
 
+PARTITIONS_PATTERN = r"^\s*(all|\d+(\s*,\s*\d+)*)\s*$"
+"""The trigger form's `partitions`: `all`, or partition numbers separated by commas (`0, 2`)."""
+
+
+def form_params(topic: str, start: str, end: str, partitions: str, mode: str, dry_run: bool) -> dict[str, object]:
+    """The trigger form's values (`airflow/dags.py`) for a backfill given as text (the CLI): an offset as `start` or
+    `end` (a number, so the form's number fields take it), a time as `start_time` or `end_time`, `latest` as no
+    `end`; `parse_params` reads them back."""
+    values: dict[str, object] = {"topic": topic, "partitions": partitions, "mode": mode, "dry_run": dry_run}
+    for key, given in (("start", start.strip()), ("end", end.strip())):
+        if re.fullmatch(r"-?\d+", given):
+            values[key] = int(given)
+        elif not (key == "end" and given == "latest"):
+            values[f"{key}_time"] = given
+    return values
+
+
+def _from_form(values: dict[str, object]) -> dict[str, object]:
+    """The form's fields as `BackfillParams` takes them: a time in place of the offset it replaces (not both), no
+    `end` as `latest`, and the partitions' text as a list."""
+    for key in ("start", "end"):
+        when = values.pop(f"{key}_time", None)
+        if when is None:
+            continue
+        if values.get(key, 0) not in (0, "0", "latest"):
+            raise SpecError(f"Backfill parameter '{key}_time': give the {key} as an offset or as a time, not both.",
+                            fix=f"Clear '{key}' or '{key}_time'.")
+        values[key] = when
+    values.setdefault("end", "latest")
+    partitions = values.get("partitions")
+    if isinstance(partitions, str):
+        if re.fullmatch(PARTITIONS_PATTERN, partitions) is None:
+            raise SpecError(f"Backfill parameter 'partitions': '{partitions}' is not \"all\" or partition numbers "
+                            "separated by commas.", fix="Give all, or numbers such as 0, 2.")
+        text = partitions.strip()
+        values["partitions"] = "all" if text == "all" else [int(n) for n in text.split(",")]
+    return values
+
+
 def parse_params(spec: PipelineSpec, raw: Mapping[str, object]) -> BackfillParams:
-    """Validate backfill parameters; the error names the field and says what to change."""
-    values = {k: v for k, v in raw.items() if v not in (None, "")}
+    """Validate backfill parameters (the trigger form's, or the model's own); the error names the field and says
+    what to change."""
+    values = _from_form({k: v for k, v in raw.items() if v not in (None, "")})
     for key in ("start", "end"):
         if isinstance(values.get(key), str) and str(values[key]).lstrip("-").isdigit():
             values[key] = int(str(values[key]))

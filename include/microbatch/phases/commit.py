@@ -209,6 +209,7 @@ def _write_outbox(session: Session, ctx: CommitContext, result: CommitResult) ->
         seqs = sink.write_outbox(session, ctx)
         if seqs is not None:
             result.outbox[sink.name] = seqs
+            result.outbox_labels[sink.name] = sink.outbox_label(ctx)
 
 
 def _finish(session: Session, ctx: CommitContext, batch: Batch, pipeline: Pipeline, run_id: str | None) -> None:

@@ -88,11 +88,13 @@ def log_commit_summary(log: logging.Logger, pipeline: str, result: CommitResult)
         log.info("  position %s: %s -> %s", move.tp, before, move.after)
     if result.late_records:
         log.warning("  %s late record(s) kept in late_records: their window was already final", result.late_records)
-    if result.watermark_after is not None:
+    if result.watermark_after is not None and result.watermark_after == result.watermark_before:
+        log.info("  watermark %s (unchanged)", _micros(result.watermark_after))
+    elif result.watermark_after is not None:
         log.info("  watermark %s -> %s", _micros(result.watermark_before), _micros(result.watermark_after))
     for sink, (first, last) in result.outbox.items():
-        what = "correction(s) of published windows" if result.replaced or not result.moves else "window(s) became final"
-        log.info("  %s %s: outbox %s seq %s..%s", last - first + 1, what, sink, first, last)
+        log.info("  %s %s: outbox %s seq %s..%s", last - first + 1, result.outbox_labels.get(sink, "record(s)"),
+                 sink, first, last)
 
 
 def _micros(value: int | None) -> str:

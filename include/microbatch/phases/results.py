@@ -47,6 +47,8 @@ class CommitResult:
     late_records: int = 0
     outbox: dict[str, tuple[int, int]] = field(default_factory=dict)
     """Kafka sink -> (first, last) outbox sequence written by this batch."""
+    outbox_labels: dict[str, str] = field(default_factory=dict)
+    """Kafka sink -> what its outbox rows of this batch are (windows that became final, rows, corrections)."""
     watermark_before: int | None = None
     watermark_after: int | None = None
     replaced: list[tuple[int, str]] = field(default_factory=list)

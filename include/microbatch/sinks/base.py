@@ -172,6 +172,8 @@ class PublishedRows:
     """The rows correct values that were already published (a backfill or a replay changed them)."""
     ctes: str = ""
     """`WITH ... final AS (...) ` (with its trailing space) when `relation` is a common table expression."""
+    label: str = "row(s)"
+    """What the rows are, for the commit's log line (`<n> <label>: outbox <sink> seq a..b`)."""
 
 
 @dataclass(frozen=True)
@@ -248,6 +250,12 @@ class Sink:
     @property
     def lake_location(self) -> str | None:
         """The folder or URI of the sink's lakehouse table; None: it has none."""
+        return None
+
+    @property
+    def published_topic(self) -> str | None:
+        """The Kafka topic a sink that `publishes` sends its outbox to (what `microbatch show` names); None: it
+        publishes nothing."""
         return None
 
     @property
@@ -397,6 +405,10 @@ class Sink:
     def published_rows(self, ctx: CommitContext) -> PublishedRows | None:
         """The rows of this sink that became publishable in this commit; None if there are none."""
         return None
+
+    def outbox_label(self, ctx: CommitContext) -> str:
+        """What this sink's outbox rows of the batch are, for the commit's log line."""
+        return "record(s)"
 
     def write_outbox(self, session: Session, ctx: CommitContext) -> tuple[int, int] | None:
         """Write this sink's outbox rows for the batch; (first, last) sequence written, None if none."""

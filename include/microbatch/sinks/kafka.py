@@ -29,6 +29,10 @@ class KafkaTopic(Sink):
     publishes = True
     spec: KafkaSink
 
+    @property
+    def published_topic(self) -> str:
+        return self.spec.topic
+
     def assets(self, pipeline: str) -> list[AssetRef]:
         """The output topic, by the sink's name."""
         return [table_asset(pipeline, self.name)]
@@ -38,6 +42,11 @@ class KafkaTopic(Sink):
         """The topic, with the outbox rows this batch wrote for it."""
         first, last = outbox.get(self.name, (1, 0))
         return places.kafka, self.spec.topic, last - first + 1
+
+    def outbox_label(self, ctx: CommitContext) -> str:
+        """What its source sink says the published rows are (windows that became final, rows, corrections)."""
+        rows = ctx.sinks[self.spec.source].published_rows(ctx)
+        return "record(s)" if rows is None else rows.label
 
     def write_outbox(self, session: Session, ctx: CommitContext) -> tuple[int, int] | None:
         rows = ctx.sinks[self.spec.source].published_rows(ctx)

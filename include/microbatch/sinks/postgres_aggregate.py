@@ -157,6 +157,10 @@ def replay_changes_sql(sink: PostgresAggregateSink) -> str:
     )
 
 
+CORRECTIONS = "correction(s) of published windows"
+"""What a backfill's or a replay's outbox rows of an aggregate are: final windows it changed, published again."""
+
+
 class PostgresAggregate(Sink):
     type = "postgres_aggregate"
     spec: PostgresAggregateSink
@@ -270,9 +274,12 @@ class PostgresAggregate(Sink):
                 return None
             params = {**ctx.staged, "high": high}
             if ctx.replay:
-                return PublishedRows("final", keys, params, correction=True, ctes=replay_changes_sql(self.spec))
-            return PublishedRows(changed_final_windows_sql(self.spec), keys, params, correction=True)
+                return PublishedRows("final", keys, params, correction=True, ctes=replay_changes_sql(self.spec),
+                                     label=CORRECTIONS)
+            return PublishedRows(changed_final_windows_sql(self.spec), keys, params, correction=True,
+                                 label=CORRECTIONS)
         if ctx.watermark_after is None or ctx.watermark_after == ctx.watermark_before:
             return None
         return PublishedRows(final_windows_sql(self.spec), keys,
-                             {"low": watermark_timestamp(ctx.watermark_before), "high": high})
+                             {"low": watermark_timestamp(ctx.watermark_before), "high": high},
+                             label="row(s) of the window(s) that became final")

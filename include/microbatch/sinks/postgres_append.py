@@ -116,4 +116,5 @@ class PostgresAppend(Sink):
 
     def published_rows(self, ctx: CommitContext) -> PublishedRows | None:
         return PublishedRows(staged_rows_sql(self.spec), ", ".join(quote(c) for c in SOURCE_COORDINATES),
-                             dict(ctx.staged), correction=ctx.replay)
+                             dict(ctx.staged), correction=ctx.replay,
+                             label="correction(s) of published rows" if ctx.replay else "row(s)")
