@@ -91,8 +91,7 @@ def _hooks():
     return module
 
 
-PENDING = {"your-own-pipeline.md": "its four `--8<--` includes become committed include blocks once the pages edited "
-                                   "in parallel are merged: run `make docs-generate` then, and drop this entry"}
+PENDING: dict[str, str] = {}
 """Pages whose regeneration is left to whoever merges the concurrent edits of them."""
 
 
