@@ -8,8 +8,8 @@ Airflow (`dag.test()`), into three sinks of `spark_jobs/payments.py`:
 - `merchant_totals`, a windowed `postgres_aggregate` over the typed `ts` and `amount_cents` the job reads.
 
 The first runs go through the shared Spark Connect server (the shipped `spark.mode: auto`) with failpoints armed: a
-Connect Python worker dies mid-decode (`stage.read`, SIGKILL), and the runner dies after staging and on both sides
-of the commit; `microbatch run` is started again until it exits 0. Then a replay of a partition's committed ranges,
+Connect Python worker dies mid-decode (`stage.read`, SIGKILL), and the runner dies on both sides of the commit
+(`os._exit` inside its open transaction, SIGKILL after it); `microbatch run` is started again until it exits 0. Then a replay of a partition's committed ranges,
 tombstones among them, runs through spark-submit (the suite's smoke run of that path) and must leave every table as
 it was. Every expectation is computed here from the produced records with Python's `json` module and plain checks,
 not by the platform's decode: the tables, the dead letters' coordinates and the field each reason names."""
@@ -204,8 +204,8 @@ def tables(url: str) -> tuple[dict, dict, dict, dict]:
     return latest, log, totals, dead
 
 
-ARMED = "stage.read=60:kill,stage.after_staged=kill,commit.before_commit,commit.after_commit=kill"
-RUNNER_POINTS = ["stage.after_staged", "commit.before_commit", "commit.after_commit"]
+ARMED = "stage.read=60:kill,commit.before_commit,commit.after_commit=kill"
+RUNNER_POINTS = ["commit.before_commit", "commit.after_commit"]  # the stage's runner deaths are the row sinks' e2e
 
 
 def test_keyed_json_records_with_headers_and_tombstones(service_env, topic, kafka, ledger_url, tmp_path):

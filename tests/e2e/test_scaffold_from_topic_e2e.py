@@ -5,7 +5,10 @@ and Airflow. `flat`: flat JSON objects without a key (a sometimes-null field, in
 naive times); `nested`: nested objects, an array of objects and a reserved name, keyed by a JSON key with a
 camelCase field. Each table equals the produced records read with Python's `json` (row by row, at its partition and
 offset); `verify` passes; the generated unit tests pass and the copy lints clean. An unknown and an empty topic are
-refused in one sentence, writing nothing."""
+refused in one sentence, writing nothing. In the same copy (one copy, one `migrate`, one lint, one unit run: the
+suite's budget), `new --topic --format text` writes a Python pipeline that stores each line, and a second `new` of an
+existing name is refused without overwriting anything (`new --format json` with a Python transform is the
+tutorial's, tests/e2e/test_tutorial_e2e.py)."""
 
 from __future__ import annotations
 
@@ -22,6 +25,7 @@ from microbatch.dev.kafka import create_topic
 from microbatch.ledger.database import transaction
 from tests.e2e.test_demo_e2e import _fresh_copy
 from tests.e2e.test_scaffold_e2e import _env, _run
+from tests.e2e.test_scaffold_e2e import _produce as _produce_values
 
 pytestmark = pytest.mark.e2e
 
@@ -94,15 +98,30 @@ def test_new_from_topic_infers_pipelines_that_land_the_records(service_env, kafk
     assert re.search(r"key\.orderId \(bigint\) +->  key_order_id bigint", made.stdout)
     assert not (copy / "spark_jobs" / f"{flat}.py").exists() and not (copy / "spark_jobs" / f"{nested}.py").exists()
 
+    # A Python pipeline of text lines, and a refused `new` of a name that exists, in the same copy.
+    lines = f"lines_{suffix}"
+    create_topic(kafka.bootstrap_servers, f"{lines}_src", 2)
+    made = _run(env, copy, "-m", "microbatch.cli", "new", lines, "--topic", f"{lines}_src", "--format", "text")
+    assert made.returncode == 0, made.stdout + made.stderr
+    written = [copy / "include" / "pipelines" / f"{lines}.yaml", copy / "spark_jobs" / f"{lines}.py",
+               copy / "tests" / "unit" / f"test_{lines}.py", copy / "dags" / f"{lines}.py"]
+    before = {path: path.read_text() for path in written}
+    again = _run(env, copy, "-m", "microbatch.cli", "new", lines, "--topic", "x", "--format", "json")
+    assert again.returncode == 2 and again.stdout.strip().startswith("error: ")
+    assert "exists already" in again.stdout and "Traceback" not in again.stdout + again.stderr
+    assert {path: path.read_text() for path in written} == before, "a refused `new` overwrote a file"
+    good_lines = [f"line {i}: GET /page/{i % 3}" for i in range(25)]
+    _produce_values(kafka.bootstrap_servers, f"{lines}_src", [line.encode() for line in good_lines] + [b""])
+
     lint = _run(env, copy, "-m", "ruff", "check", ".")
     assert lint.returncode == 0, lint.stdout + lint.stderr
     unit = _run(env, copy, "-m", "pytest", "-p", "no:cacheprovider", "-q", f"tests/unit/test_{flat}.py",
-                f"tests/unit/test_{nested}.py")
+                f"tests/unit/test_{nested}.py", f"tests/unit/test_{lines}.py")
     assert unit.returncode == 0, unit.stdout[-3000:] + unit.stderr[-3000:]
 
     migrated = _run(env, copy, "-m", "microbatch.cli", "migrate")
     assert migrated.returncode == 0, migrated.stdout + migrated.stderr
-    for name in (flat, nested):
+    for name in (flat, nested, lines):
         ran = _run(env, copy, "-m", "microbatch.cli", "run", name, "--max-runs", "3", timeout=900)
         assert ran.returncode == 0, (ran.stdout + ran.stderr)[-4000:]
 
@@ -118,7 +137,9 @@ def test_new_from_topic_infers_pipelines_that_land_the_records(service_env, kafk
         assert stored == {co: (o["orderId"], o["customer"]["name"], o["customer"].get("address", {}).get("city"),
                                o["total"], _time(o["placedAt"]), o["timestamp"], o["items"], o["orderId"])
                           for co, o in zip(nested_coords, orders, strict=True)}
-        assert session.execute(text("SELECT count(*) FROM dead_letters")).scalar() == 0
-    for name in (flat, nested):
+        assert sorted(session.execute(text(f"SELECT line FROM {lines}")).scalars().all()) == sorted(good_lines)
+        assert dict(session.execute(text("SELECT topic, count(*) FROM dead_letters GROUP BY topic")).all()) == \
+            {f"{lines}_src": 1}  # the empty line; the inferred pipelines' records all fit
+    for name in (flat, nested, lines):
         audit = _run(env, copy, "-m", "microbatch.cli", "verify", name)
         assert audit.returncode == 0, audit.stdout + audit.stderr
