@@ -63,7 +63,7 @@ def test_per_batch_contributions_stage_keys_alone_and_a_replay_recomputes_whole_
     in_zero = Counter(line.ip for (p, _), line in good if p == 0).most_common(1)[0][0]
     elsewhere_ip = Counter(line.ip for (p, _), line in good if p != 0 and line.ip != in_zero).most_common(1)[0][0]
     excluded = {in_zero, elsewhere_ip}
-    spec["job"]["options"]["exclude_ips"] = sorted(excluded)
+    spec["job"].setdefault("options", {})["exclude_ips"] = sorted(excluded)
     spec_path.write_text(yaml.safe_dump(spec))
     first_batch = ranges[0][0]
     touched = [(p, s, e) for b, p, s, e in ranges if b == first_batch]

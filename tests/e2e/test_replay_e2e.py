@@ -108,7 +108,7 @@ def test_replay_one_partition_after_a_transform_change(service_env, topic, kafka
     excluded = by_partition.most_common(1)[0][0]
     spec_path = specs / "ip_count.yaml"
     spec = yaml.safe_load(spec_path.read_text())
-    spec["job"]["options"]["exclude_ips"] = [excluded]
+    spec["job"].setdefault("options", {})["exclude_ips"] = [excluded]
     spec_path.write_text(yaml.safe_dump(spec))
 
     ranges = partition_ranges(ledger_url, 0)

@@ -142,3 +142,11 @@ def test_python_jobs_keep_event_time_in_one_place(tmp_path):
     with pytest.raises(SpecError) as refused:
         load(tmp_path, spec)
     assert "window_seconds is set by event_time now; remove it from job.options" in str(refused.value)
+
+
+def test_a_struct_columns_field_is_a_column_of_records():
+    query = sink_query("log", "SELECT customer.name AS payment_id, amount_cents FROM records", "rows",
+                       [*COLUMNS, "customer"], LOG, None)
+    assert query.select[0] == ("customer.name", "payment_id")
+    with pytest.raises(ValueError, match="names the column 'name', which records lacks"):
+        sink_query("log", "SELECT nobody.name AS payment_id, amount_cents FROM records", "rows", COLUMNS, LOG, None)
