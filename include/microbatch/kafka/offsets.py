@@ -13,7 +13,7 @@ import time
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from datetime import UTC, datetime
-from typing import Literal
+from typing import Any, Literal
 
 from kafka import KafkaConsumer, OffsetAndMetadata
 from kafka import TopicPartition as KafkaTopicPartition
@@ -62,17 +62,20 @@ def broker_unreachable(kafka: KafkaSettings) -> MicrobatchError:
 
 @contextmanager
 def offsets_client(
-    kafka: KafkaSettings, isolation_level: str = "read_committed", group_id: str | None = None
+    kafka: KafkaSettings, isolation_level: str = "read_committed", group_id: str | None = None,
+    client_id: str = "microbatch-planner", **settings: Any,
 ) -> Iterator[KafkaConsumer]:
-    """A consumer used only for metadata and offset lookups; it never subscribes."""
+    """A consumer for metadata and offset lookups (or reads it assigns itself: `kafka/sampling.py`); it never
+    subscribes. `settings`: more of kafka-python's consumer settings."""
     try:
         consumer = clients.consumer(
             kafka,
-            client_id="microbatch-planner",
+            client_id=client_id,
             group_id=group_id,
             enable_auto_commit=False,
             isolation_level=isolation_level,
             request_timeout_ms=30_000,
+            **settings,
         )
     except KafkaConfigurationError as exc:
         raise ConnectionSettingsError(f"The Kafka client settings are invalid: {exc}.") from None

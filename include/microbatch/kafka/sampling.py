@@ -12,11 +12,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from kafka import TopicPartition as KafkaTopicPartition
-from kafka.errors import KafkaConfigurationError, KafkaError
+from kafka.errors import KafkaError
 
-from microbatch.errors import ConnectionSettingsError, SpecError, TransientServiceError
-from microbatch.kafka import clients
-from microbatch.kafka.offsets import broker_unreachable, offset_bounds, skip_bootstrap_backoff
+from microbatch.errors import SpecError, TransientServiceError
+from microbatch.kafka.offsets import offset_bounds, offsets_client
 from microbatch.settings import KafkaSettings
 from microbatch.types import TopicPartition
 
@@ -59,16 +58,7 @@ def sample_topic(kafka: KafkaSettings, topic: str, limit: int = SAMPLE_LIMIT,
                  timeout_s: float = SAMPLE_TIMEOUT_S) -> list[SampledRecord]:
     """Up to `limit` records of `topic` from the earliest offsets of its partitions, in partition and offset order.
     SpecError for a topic that does not exist or holds no record; TransientServiceError if none arrived in time."""
-    try:
-        consumer = clients.consumer(kafka, client_id="microbatch-new", group_id=None, enable_auto_commit=False,
-                                    isolation_level="read_committed", allow_auto_create_topics=False,
-                                    request_timeout_ms=30_000)
-    except KafkaConfigurationError as exc:
-        raise ConnectionSettingsError(f"The Kafka client settings are invalid: {exc}.") from None
-    except KafkaError:
-        raise broker_unreachable(kafka) from None
-    skip_bootstrap_backoff(consumer)
-    try:
+    with offsets_client(kafka, client_id="microbatch-new", allow_auto_create_topics=False) as consumer:
         partitions = sorted(consumer.partitions_for_topic(topic) or ())
         if not partitions:
             raise SpecError(f"Topic '{topic}' does not exist on the Kafka cluster at {kafka.bootstrap_servers}, so "
@@ -86,8 +76,6 @@ def sample_topic(kafka: KafkaSettings, topic: str, limit: int = SAMPLE_LIMIT,
         for ktp in assigned:
             consumer.seek(ktp, earliest[TopicPartition(topic, ktp.partition)])
         return _read(consumer, topic, stops, timeout_s)
-    finally:
-        consumer.close(autocommit=False)
 
 
 def _read(consumer, topic: str, stops: dict[int, int], timeout_s: float) -> list[SampledRecord]:  # noqa: ANN001
