@@ -9,10 +9,11 @@ Airflow (`dag.test()`), into three sinks of `spark_jobs/payments.py`:
 
 The first runs go through the shared Spark Connect server (the shipped `spark.mode: auto`) with failpoints armed: a
 Connect Python worker dies mid-decode (`stage.read`, SIGKILL), and the runner dies on both sides of the commit
-(`os._exit` inside its open transaction, SIGKILL after it); `microbatch run` is started again until it exits 0. Then a replay of a partition's committed ranges,
-tombstones among them, runs through spark-submit (the suite's smoke run of that path) and must leave every table as
-it was. Every expectation is computed here from the produced records with Python's `json` module and plain checks,
-not by the platform's decode: the tables, the dead letters' coordinates and the field each reason names."""
+(`os._exit` inside its open transaction, SIGKILL after it); `microbatch run` is started again until it exits 0.
+Then a replay of a partition's committed ranges, tombstones among them, runs through spark-submit (the suite's smoke
+run of that path) and must leave every table as it was. Every expectation is computed here from the produced
+records with Python's `json` module and plain checks, not by the platform's decode: the tables, the dead letters'
+coordinates and the field each reason names."""
 
 from __future__ import annotations
 

@@ -17,6 +17,15 @@ timestamp without an offset is in the session time zone); array<T>, map<string,T
 object whose every non-null element or field fits; variant: anything. A value that is not valid UTF-8, not JSON
 (Spark's parser also refuses an object that repeats a key) or not a JSON object makes the record bad as a whole.
 Undeclared fields are ignored.
+
+Fast path: `from_json` (one Jackson pass; strings, dates and timestamps read as text, booleans, integers and
+doubles as declared, other types as a VARIANT) decodes a record whose every field it can vouch for: parse_json
+also accepts the document (no repeated key, no lone surrogate), nothing failed to convert, no required field is
+missing, and no text read into a string could be a number's, true's, false's, an array's or an object's; only the
+other records (bad ones, or e.g. a string field holding "12") take the VARIANT checks above, in a CASE branch that
+Spark evaluates for them alone (once a column: Spark shares no subexpression holding a lambda). The parse_json
+pass that refuses repeated keys costs about as much again as from_json (docs/performance.md).
+tests/integration/test_formats_decode.py checks both paths give the same decode.
 """
 
 from __future__ import annotations
@@ -38,6 +47,17 @@ if TYPE_CHECKING:
 RESERVED_NAMES = (*RECORD_COLUMNS, HEADERS_COLUMN)
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
 _NUMBERS = ("float", "double", "decimal")
+_TEXT = ("string", "date", "timestamp", "timestamp_ntz")
+"""Types the fast path reads as text: from_json gives any JSON value's text, so the text must not be one a number,
+true, false, an array or an object could have written."""
+_NATIVE = ("boolean", *sorted(INTEGERS), "double")
+"""Types the fast path reads as they are: from_json refuses any other JSON kind (and, as Spark's variant, reads a
+number's double correctly rounded)."""
+_FROM_JSON_OPTIONS = {"mode": "PERMISSIVE", "allowSingleQuotes": "false", "allowNonNumericNumbers": "false"}
+"""from_json's leniencies that parse_json does not have, turned off (a record the two disagree on is not vouched)."""
+_NOT_A_STRING = r"^-?[0-9]+(\.[0-9]+)?([eE][+-]?[0-9]+)?$"
+"""The text from_json gives a JSON number read into a string field."""
+_REASON = "#reason"
 
 
 class JsonField(BaseModel):
@@ -162,6 +182,23 @@ def _fits_atomic(element: Column, kind: SqlType) -> Column:
     return (json_kind == "STRING") & converted  # date, timestamp, timestamp_ntz: a string Spark's cast reads
 
 
+def _maybe_not_a_string(text: Column) -> Column:
+    """True where `text`, what from_json read into a string, may be the text of a JSON number, true, false, array or
+    object rather than of a JSON string; cheap tests first, the pattern only for a text starting like a number."""
+    return (text.isin("true", "false") | text.startswith("[") | text.startswith("{")
+            | ((text >= "-") & (text < ":") & ~text.contains(":") & text.rlike(_NOT_A_STRING)))
+
+
+def _native_type(spec: JsonSpec, json_name: str) -> str | None:
+    """The one type every field read from `json_name` declares, else None."""
+    kinds = {field.type for name, field in spec.fields.items() if (field.json_name or name) == json_name}
+    return kinds.pop() if len(kinds) == 1 else None
+
+
+def _quote(name: str) -> str:
+    return "`" + name.replace("`", "``") + "`"
+
+
 def _all(checks: list[Column]) -> Column:
     combined = checks[0]
     for check in checks[1:]:
@@ -180,28 +217,108 @@ class JsonFormat(Format[JsonSpec]):
     def decode(self, data: Column, subject: str) -> Decoded:
         from pyspark.sql import functions as F
 
-        valid_utf8 = F.is_valid_utf8(data)
-        document = F.try_parse_json(F.when(valid_utf8, data.cast("string")))
-        columns: dict[str, Column] = {}
-        problems: list[Column] = []
+        document = F.try_parse_json(F.when(F.is_valid_utf8(data), data.cast("string")))
+        vouched, fast = self._fast_path(data, document)
+        decoded = F.when(vouched, fast).otherwise(self._strict_path(data, document, subject))
+        return Decoded(columns={name: decoded.getField(name) for name in self.spec.fields},
+                       reason=decoded.getField(_REASON))
+
+    def _reads(self) -> dict[str, str]:
+        """How the fast path's `from_json` reads each declared JSON name: `text` (a string, a date or a
+        timestamp: from_json gives any JSON value's text), `native` (the declared type: from_json refuses any
+        other JSON kind), or `variant` (checked by `fits`, as the strict path does)."""
+        reads: dict[str, str] = {}
         for name, field in self.spec.fields.items():
-            element = F.try_variant_get(document, _path(field.json_name or name), "variant")
-            present = element.isNotNull() & ~F.is_variant_null(element)
-            good = fits(element, field.sql_type)
-            value = element if field.sql_type.name == "variant" else F.try_variant_get(element, "$", field.type)
-            columns[name] = F.when(present & good, value)
-            problem = F.when(present & ~good, f"{subject} field '{name}' is not {field.sql_type.article} {field.type}")
+            kind = field.sql_type.name
+            read = "text" if kind in _TEXT else "native" if kind in _NATIVE else "variant"
+            json_name = field.json_name or name
+            if reads.get(json_name, read) != read or (json_name in reads and read == "native"
+                                                       and _native_type(self.spec, json_name) is None):
+                read = "variant"
+            reads[json_name] = read
+        return reads
+
+    def _fast_path(self, data: Column, document: Column) -> tuple[Column, Column]:
+        """(whether `from_json` alone decodes the record as the strict path would, the decode it gives)."""
+        from pyspark.sql import functions as F
+
+        reads = self._reads()
+        corrupt = next(name for name in (f"_unreadable{'_' * n}" for n in range(len(reads) + 1)) if name not in reads)
+        types = {json_name: _native_type(self.spec, json_name) if read == "native" else
+                 "string" if read == "text" else "variant" for json_name, read in reads.items()}
+        schema = ", ".join(f"{_quote(json_name)} {kind}" for json_name, kind in [*types.items(), (corrupt, "string")])
+        parsed = F.from_json(data.cast("string"), schema, {**_FROM_JSON_OPTIONS, "columnNameOfCorruptRecord": corrupt})
+        checks = [data.isNotNull(), document.isNotNull(), parsed.isNotNull(), parsed.getField(corrupt).isNull()]
+        columns = []
+        for name, field in self.spec.fields.items():
+            kind = field.sql_type
+            raw = parsed.getField(field.json_name or name)
+            read = reads[field.json_name or name]
+            if read == "native":
+                value, good = raw, None
+            elif read == "text":
+                value = raw if kind.name == "string" else raw.try_cast(kind.name)
+                good = raw.isNull() | ~_maybe_not_a_string(raw)
+                if kind.name != "string":
+                    good = good & (raw.isNull() | value.isNotNull())
+            else:
+                present = raw.isNotNull() & ~F.is_variant_null(raw)
+                good = ~present | fits(raw, kind)
+                value = F.when(present, raw if kind.name == "variant" else F.try_variant_get(raw, "$", field.type))
+                if name in self.spec.required:
+                    checks.append(present)
             if name in self.spec.required:
-                problem = (F.when(element.isNull(), f"{subject} lacks the required field '{name}'")
-                           .when(F.is_variant_null(element), f"{subject} field '{name}' is null but required")
-                           .otherwise(problem))
-            problems.append(problem)
-        reason = (F.when(data.isNull(), F.lit(None))
-                  .when(~valid_utf8, f"{subject} is not valid UTF-8")
-                  .when(document.isNull(), f"{subject} is not JSON")
-                  .when(F.try_variant_get(document, "$", "struct<>").isNull(), f"{subject} is not a JSON object")
-                  .otherwise(F.nullif(F.concat_ws("; ", *problems), F.lit(""))))
-        return Decoded(columns=columns, reason=reason)
+                checks.append(raw.isNotNull())
+            if good is not None:
+                checks.append(good)
+            columns.append(value.cast(field.type).alias(name))
+        return _all(checks), F.struct(*columns, F.lit(None).cast("string").alias(_REASON))
+
+    def _strict_path(self, data: Column, document: Column, subject: str) -> Column:
+        """The decode by the declared semantics from the VARIANT: each field's JSON kind. Written as lambdas over
+        one-element arrays so that the document and each field's element and checks are computed once a record
+        (Spark's common-subexpression elimination does not reach into CASE branches)."""
+        from pyspark.sql import functions as F
+
+        fields = list(self.spec.fields.items())
+        valid_utf8 = F.is_valid_utf8(data)
+
+        def checked(doc: Column) -> Column:
+            elements = F.struct(*[F.try_variant_get(doc, _path(field.json_name or name), "variant").alias(f"e{i}")
+                                  for i, (name, field) in enumerate(fields)])
+            return F.transform(F.array(elements),
+                               lambda e: F.transform(F.array(judged(e)), lambda j: result(doc, j))[0])[0]
+
+        def judged(e: Column) -> Column:
+            judged_fields = []
+            for i, (_, field) in enumerate(fields):
+                element = e.getField(f"e{i}")
+                value = element if field.sql_type.name == "variant" else F.try_variant_get(element, "$", field.type)
+                judged_fields += [element.isNull().alias(f"absent{i}"), F.is_variant_null(element).alias(f"null{i}"),
+                                  fits(element, field.sql_type).alias(f"fits{i}"), value.alias(f"value{i}")]
+            return F.struct(*judged_fields)
+
+        def result(doc: Column, j: Column) -> Column:
+            columns, problems = [], []
+            for i, (name, field) in enumerate(fields):
+                present = ~j.getField(f"absent{i}") & ~j.getField(f"null{i}")
+                good = j.getField(f"fits{i}")
+                columns.append(F.when(present & good, j.getField(f"value{i}")).cast(field.type).alias(name))
+                problem = F.when(present & ~good,
+                                 f"{subject} field '{name}' is not {field.sql_type.article} {field.type}")
+                if name in self.spec.required:
+                    problem = (F.when(j.getField(f"absent{i}"), f"{subject} lacks the required field '{name}'")
+                               .when(j.getField(f"null{i}"), f"{subject} field '{name}' is null but required")
+                               .otherwise(problem))
+                problems.append(problem)
+            reason = (F.when(data.isNull(), F.lit(None))
+                      .when(~valid_utf8, f"{subject} is not valid UTF-8")
+                      .when(doc.isNull(), f"{subject} is not JSON")
+                      .when(F.try_variant_get(doc, "$", "struct<>").isNull(), f"{subject} is not a JSON object")
+                      .otherwise(F.when(F.coalesce(*problems).isNotNull(), F.concat_ws("; ", *problems))))
+            return F.struct(*columns, reason.cast("string").alias(_REASON))
+
+        return F.transform(F.array(document), checked)[0]
 
     def pins(self) -> dict[str, str]:
         declared = {"fields": [[name, field.type, field.json_name or name] for name, field in self.spec.fields.items()],

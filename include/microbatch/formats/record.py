@@ -57,7 +57,8 @@ def decode_record(key: Format[Any], value: Format[Any], key_data: Column, value_
         decoded = fmt.decode(data, side)
         columns.update({column_name(side, fmt, name): column for name, column in decoded.columns.items()})
         reasons.append(decoded.reason)
-    return DecodedRecord(columns=columns, reason=F.nullif(F.concat_ws("; ", *reasons), F.lit("")))
+    # not nullif: Spark evaluates its argument in a Project of its own, which would decode the record twice
+    return DecodedRecord(columns=columns, reason=F.when(F.coalesce(*reasons).isNotNull(), F.concat_ws("; ", *reasons)))
 
 
 def record_key_columns(key: Format[Any]) -> dict[str, str]:
