@@ -667,7 +667,7 @@ def reprocess(
     per range, from its batch's state, as `backfill --mode replay`). Every sink must take replays; a record that is
     valid now but whose window was already final when its batch began becomes a late record."""
     from microbatch.config import find_spec
-    from microbatch.phases.backfill import plan_backfill
+    from microbatch.phases.backfill import form_params, plan_backfill
     from microbatch.runner import run_once
 
     letters = _dead_letters(pipeline, batch, topic, partition, since, until, reason, None)
@@ -677,7 +677,7 @@ def reprocess(
     ranges: dict[tuple[str, int, int, int], list] = {}
     for letter in letters:
         ranges.setdefault((letter.topic, letter.partition, letter.range_start, letter.range_end), []).append(letter)
-    requests = [{"topic": t, "partitions": [p], "start": start, "end": end, "mode": "replay"}
+    requests = [form_params(t, str(start), str(end), str(p), "replay", dry_run=False)
                 for (t, p, start, end) in ranges]
     spec = find_spec(pipeline)
     for request in requests:  # refuse before anything runs: a sink that cannot replay, a range now open

@@ -1,5 +1,8 @@
 """The dead-letter workflow (issue 45): find, inspect, fix, re-process, verify, on real Kafka, Postgres, Spark (the
-suite's Connect server) and Airflow (`dag.test()`).
+suite's Connect server) and Airflow (`dag.test()`); and a pipeline in YAML and SQL only (issue 44): JSON decoded by
+the platform, the event time declared once, an append sink by a filtering query and a windowed aggregate by
+`window_start(ts)`/`window_end(ts)`, neither naming a source coordinate, late records routed as the watermark rule
+replayed here says, and replays of chosen partitions' ranges that end equal to the oracle.
 
 A YAML-only pipeline declares `amount_cents: int`, too small for some payments: those become dead letters ("value
 field 'amount_cents' is not an int"), beside records that are not JSON at all. `microbatch dead-letters` lists them
@@ -76,12 +79,14 @@ def write_spec(directory: Path, topic: str, amount_type: str, delta_upsert: bool
     sinks = [
         {"name": "payments", "type": "postgres_append", "table": "payments",
          "columns": {"payment_id": "text", "merchant": "text", "amount_cents": "bigint"},
-         "sql": "SELECT payment_id, merchant, amount_cents FROM records"},
+         "sql": "SELECT payment_id, merchant, amount_cents FROM records WHERE amount_cents >= 0"},
         {"name": "per_minute", "type": "postgres_aggregate", "table": "per_minute",
-         "columns": {"window_start": "timestamptz", "merchant": "text", "amount_cents": "bigint"},
-         "keys": ["window_start", "merchant"], "sum_columns": ["amount_cents"],
-         "sql": "SELECT window_start(ts) AS window_start, merchant, SUM(amount_cents) AS amount_cents FROM records "
-                "GROUP BY 1, 2"},
+         "columns": {"window_start": "timestamptz", "window_end": "timestamptz", "merchant": "text",
+                     "amount_cents": "bigint"},
+         "keys": ["window_start", "window_end", "merchant"], "sum_columns": ["amount_cents"],
+         "window": {"start": "window_start", "end": "window_end"},
+         "sql": "SELECT window_start(ts) AS window_start, window_end(ts) AS window_end, merchant, "
+                "SUM(amount_cents) AS amount_cents FROM records GROUP BY 1, 2, merchant"},
     ]
     if delta_upsert:
         sinks.append({"name": "latest", "type": "delta", "mode": "upsert", "keys": ["merchant"],

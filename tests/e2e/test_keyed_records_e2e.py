@@ -63,12 +63,12 @@ def payment(pid: str, merchant: str, amount: int, when: datetime, status: str | 
 
 
 def generate(seed: int) -> list[Record]:
-    """700 events of 40 payments over 175 s: updates with a traceparent header, tombstones, and bad records of
+    """500 events of 40 payments over 125 s: updates with a traceparent header, tombstones, and bad records of
     every kind (non-JSON, a field of another type, a required field missing, a key that is not UTF-8, no key, and
     a negative amount, which the job refuses)."""
     rng = random.Random(seed)
     out: list[Record] = []
-    for i in range(700):
+    for i in range(500):
         when = T0 + timedelta(seconds=i / 4)
         pid = f"pay-{rng.randrange(40):03d}"
         headers = [("traceparent", f"00-{rng.getrandbits(128):032x}-{rng.getrandbits(64):016x}-01".encode()),
