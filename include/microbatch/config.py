@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated, Any, Literal, get_args
+from typing import TYPE_CHECKING, Annotated, Any, Literal, get_args
 
 import yaml
 from pydantic import (
@@ -36,7 +36,9 @@ from microbatch.formats.base import Format
 from microbatch.formats.raw import RawSpec
 from microbatch.formats.record import decoded_columns, record_key_columns
 from microbatch.formats.registry import FormatSpecs, format_for
-from microbatch.sql import SinkQuery, sink_query
+
+if TYPE_CHECKING:
+    from microbatch.sql import SinkQuery
 
 PIPELINES_DIR = Path(__file__).resolve().parent.parent / "pipelines"
 PIPELINES_DIR_ENV = "MICROBATCH_PIPELINES_DIR"
@@ -978,6 +980,8 @@ class PipelineSpec(_Strict):
         if self.event_time is not None and self.event_time.column not in available:
             raise ValueError(f"event_time.column: '{self.event_time.column}' is not a column of records; name a "
                              f"timestamp column among {', '.join(available)}")
+        from microbatch.sql import sink_query  # sqlglot, only for a spec with queries (not at every spec load)
+
         for sink in self.sinks:
             if sink.sql is not None and sink.query_kind is not None:
                 sink_query(sink.name, sink.sql, sink.query_kind, available, sink.query_columns, window)
@@ -993,6 +997,8 @@ class PipelineSpec(_Strict):
 
     def sink_queries(self) -> dict[str, SinkQuery]:
         """Each sink's checked, rewritten query, by sink name (SQL pipelines)."""
+        from microbatch.sql import sink_query
+
         window = self.event_time.window_seconds if self.event_time is not None else None
         return {s.name: sink_query(s.name, s.sql, s.query_kind, self.records_columns, s.query_columns, window)
                 for s in self.sinks if s.sql is not None and s.query_kind is not None}

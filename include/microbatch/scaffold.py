@@ -32,7 +32,7 @@ import sqlglot
 import yaml
 from sqlglot import exp
 
-from microbatch.config import SOURCE_COORDINATES, ColumnType
+from microbatch.config import POSTGRES_FOR_SPARK, SOURCE_COORDINATES, ColumnType
 from microbatch.errors import SpecError
 from microbatch.transform import ERROR_COLUMN, EVENT_TIME_COLUMN, HEADERS_COLUMN, LATE_COLUMN, RECORD_COLUMNS
 
@@ -287,8 +287,7 @@ _NAIVE = re.compile(_TIME)
 _DAY = re.compile(_DATE)
 _FIELD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _BIGINT = (-(2**63), 2**63 - 1)
-_POSTGRES = {"string": "text", "bigint": "bigint", "double": "double precision", "decimal(38,0)": "numeric",
-             "boolean": "boolean", "timestamp": "timestamptz", "timestamp_ntz": "timestamp", "date": "date"}
+_POSTGRES = {**POSTGRES_FOR_SPARK, "decimal(38,0)": "numeric"}
 _TEMPORAL = ("date", "timestamp_ntz", "timestamp")
 _NUMERIC = ("bigint", "decimal(38,0)", "double")
 
