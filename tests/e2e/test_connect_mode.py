@@ -78,43 +78,18 @@ def closed_port() -> int:
         return sock.getsockname()[1]
 
 
-def test_ip_count_through_spark_connect_exactly_once(connect_server, service_env, topic, kafka, ledger_url, tmp_path):
-    env = connect_env(service_env, connect_spec(tmp_path / "pipelines", topic, kafka.bootstrap_servers, 1500),
-                      connect_server)
-    lines = generate_lines(3_000, ips=25, span_seconds=40, out_of_order=0.1, malformed=0.05, seed=41)
-    coords = produce_lines(kafka.bootstrap_servers, topic, lines)
-    assert sum(1 for line in lines if line.malformed) > 100
-
-    in_one_session_window(120)  # the run's two stages take well under that (a mean wait of 4 s, at most 120)
-    log = run_exactly_once(env, ledger_url, lines, coords, topic)
-    with transaction(ledger_url) as session:
-        committed = session.execute(text("SELECT count(*), sum((counts->>'records')::int) FROM batches "
-                                         "WHERE state = 'committed'")).one()
-    assert tuple(committed) == (2, 3_000)  # 3,000 offsets in batches of at most 1,500
-
-    sessions = []
-    for batch_id in (1, 2):
-        at = re.escape(display(connect_server.remote))
-        line = rf"stage ip_count: staged batch {batch_id} through Spark Connect at {at}"
-        found = re.search(line + r" in session (\w{8})(?!\w)", log)
-        assert found, log[-4000:]
-        sessions.append(found.group(1))
-    assert sessions[0] == sessions[1], "the second batch did not reuse the DAG's warm server-side session"
-    assert "records, lag after this batch" in log and "rows merged into ip_counts" in log
-    assert "Spark-Submit cmd" not in log  # no spark-submit: the server did the work
-    password = make_url(ledger_url).password
-    assert password and password not in log, "a secret leaked into the task logs"
-
-
 def test_one_run_stages_several_batches_in_one_session_exactly_once(connect_server, service_env, topic, kafka,
                                                                     ledger_url, tmp_path):
-    """source.max_batches_per_run: 3 in Connect mode: each run plans 3 batches of 500, one stage task stages them
-    in order in the DAG's session (each from the watermark the one before leaves), one commit task commits them."""
+    """ip_count in Connect mode with source.max_batches_per_run: 3: each run plans 3 batches of 500, one stage task
+    stages them in order in the DAG's session (each from the watermark the one before leaves), one commit task
+    commits them; the second DAG run's stage task reuses the first one's warm server-side session."""
     specs = connect_spec(tmp_path / "pipelines", topic, kafka.bootstrap_servers, max_records=500, batches_per_run=3)
     env = connect_env(service_env, specs, connect_server)
     lines = generate_lines(3_000, ips=25, span_seconds=40, out_of_order=0.1, malformed=0.05, seed=43)
     coords = produce_lines(kafka.bootstrap_servers, topic, lines)
+    assert sum(1 for line in lines if line.malformed) > 100
 
+    in_one_session_window(120)  # the run's two stage tasks take well under that (a mean wait of 4 s, at most 120)
     log = run_exactly_once(env, ledger_url, lines, coords, topic)
     with transaction(ledger_url) as session:
         batches = session.execute(text("SELECT id, airflow_run_id, run_head, state_before, state_after FROM batches "
@@ -126,6 +101,15 @@ def test_one_run_stages_several_batches_in_one_session_exactly_once(connect_serv
     assert "planned batches 1-3 (3 batches, in order)" in log and "planned batches 4-6" in log
     assert "staged batches 1,2,3 through Spark Connect" in log, log[-4000:]
     assert "staged batches 4,5,6 through Spark Connect" in log, log[-4000:]
+    at = re.escape(display(connect_server.remote))
+    sessions = [re.search(rf"stage ip_count: staged batches {ids} through Spark Connect at {at} in session "
+                          rf"(\w{{8}})(?!\w)", log) for ids in ("1,2,3", "4,5,6")]
+    assert all(sessions), log[-4000:]
+    assert sessions[0].group(1) == sessions[1].group(1), "the second stage task did not reuse the warm session"
+    assert "records, lag after this batch" in log and "rows merged into ip_counts" in log
+    assert "Spark-Submit cmd" not in log  # no spark-submit: the server did the work
+    password = make_url(ledger_url).password
+    assert password and password not in log, "a secret leaked into the task logs"
 
 
 def test_unreachable_server_fails_stage_with_one_sentence(connect_server, service_env, topic, kafka, ledger_url,

@@ -1,8 +1,12 @@
-"""The README's path, exactly as a new user runs it: `make demo` in a fresh copy of the repository (a
-fresh `.cache`, the shipped `include/pipelines`, no MICROBATCH_* or AIRFLOW_* variable set), the CLI
-right after it with no `source env.sh`, `make connect` on the running stack, a sweep of everything the stack and
-the commands wrote for its secrets, and `make down`. `make demo` runs once in the suite. The printed results
-are checked against an independent recount of the topic.
+"""The README's paths, exactly as a new user runs them, on ONE local stack (one stack start, one `make down`: the
+suite's budget): `make demo` in a fresh copy of the repository (a fresh `.cache`, the shipped `include/pipelines`,
+no MICROBATCH_* or AIRFLOW_* variable set), the CLI right after it with no `source env.sh`, `make connect` on the
+running stack, a sweep of everything the stack and the commands wrote for its secrets; then `make airflow` on that
+stack, sample lines from `microbatch generate`, the shipped `ip_count` DAG unpaused and run by the scheduler as a
+client of the stack's Spark Connect server, every socket of every process of the stack on 127.0.0.1 only and no
+secret in any process's arguments, task log, CLI output, ledger page or rendered template; then `make down`, which
+must leave no process of the stack running. `make demo` runs once in the suite. The printed results and the
+scheduled run's table are checked against an independent recount of the topic.
 
 Only the venv and Maven's download cache are shared with this checkout (`make -o` keeps make from reinstalling
 the venv; the copy's Maven repository starts as hard links to this checkout's, as a machine that built the
@@ -12,20 +16,32 @@ home are the copy's own. The fresh-clone `.ci/run` downloads everything from not
 
 from __future__ import annotations
 
+import configparser
+import contextlib
 import ipaddress
 import json
 import os
 import re
 import shutil
+import signal
 import subprocess
-from datetime import datetime
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections import Counter
+from datetime import UTC, datetime
 from pathlib import Path
 
+import psutil
 import pytest
-from sqlalchemy import make_url
+from sqlalchemy import make_url, text
 
-from microbatch.dev.process import port_open
+from microbatch.dev.process import free_port, listening_sockets, port_open
+from microbatch.dev.stack import STACK_ID_ENV
+from microbatch.ledger.database import transaction
 from tests.e2e.helpers import read_topic
+from tests.e2e.test_secure_defaults import leaks, process_arguments
 
 pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).resolve().parents[2]
@@ -35,6 +51,8 @@ SUMMARY = re.compile(r"ip_counts \(postgres_aggregate\): (\d+) rows, sum of coun
 CLICKS_SUMMARY = re.compile(r"clicks_raw \(postgres_append\): (\d+) rows")
 # The oracle's own reading of an nginx access-log line (not the Spark job's parser).
 LINE = re.compile(r'^(\S+) \S+ \S+ \[(\d{2}/\w{3}/\d{4}:\d{2}:\d{2}:\d{2} [+-]\d{4})\] "[^"]*" \d{3} \d+')
+GENERATED = 2000
+"""Lines `microbatch generate` adds for the scheduled run under `make airflow`."""
 
 
 def _well_formed(value: bytes) -> bool:
@@ -127,11 +145,252 @@ def _clicks_raw_rows(output: str) -> int:
     return int(match.group(1))
 
 
-def test_make_demo_on_a_fresh_copy_prints_exact_results_and_keeps_its_secrets(tmp_path: Path) -> None:
+def _airflow_env(copy: Path, api_port: int) -> dict[str, str]:
+    """A user's environment, with Airflow's ports off 8080/8793/8794 (isolation from a developer's `make airflow`,
+    which users never set)."""
+    base = f"http://127.0.0.1:{api_port}"
+    return {**_user_env(copy), "AIRFLOW__API__PORT": str(api_port), "AIRFLOW__API__HOST": "127.0.0.1",
+            "AIRFLOW__API__BASE_URL": base, "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{base}/execution/",
+            "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(free_port()),
+            "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(free_port())}
+
+
+def _start_make_airflow(copy: Path, api_port: int, log_path: Path) -> subprocess.Popen:
+    with log_path.open("w") as log:
+        return subprocess.Popen(["make", "-s", "--no-print-directory", "-C", str(copy), "-o", str(VENV / ".installed"),
+                                 f"VENV={VENV}", "airflow"], env=_airflow_env(copy, api_port), stdout=log,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def _stack_processes(state: dict, session: int | None) -> list[psutil.Process]:
+    """The live processes of the copy's stack: in the session of its `make airflow`, or carrying the stack's id in
+    their environment (every service, Airflow component and task started from the stack carries it). The
+    environment alone would miss Airflow's components: their titles (setproctitle) overwrite it."""
+    me = psutil.Process()
+    spared = {me.pid, *(p.pid for p in me.parents())}
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            if proc.pid in spared or proc.status() == psutil.STATUS_ZOMBIE:
+                continue
+            in_session = session is not None and os.getsid(proc.pid) == session
+            if in_session or proc.environ().get(STACK_ID_ENV) == state["stack_id"]:
+                found.append(proc)
+        except (psutil.Error, ProcessLookupError):
+            continue
+    return found
+
+
+def _describe(procs: list[psutil.Process]) -> str:
+    lines = []
+    for proc in procs:
+        with contextlib.suppress(psutil.Error):
+            lines.append(f"{proc.pid} {' '.join(proc.cmdline())[:160]}")
+    return "\n".join(lines)
+
+
+def _wait_for(predicate, timeout: float, what: str, context=lambda: "") -> object:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(2)
+    raise AssertionError(f"{what} within {timeout:.0f}s\n{context()}")
+
+
+class Api:
+    """Airflow's REST API as the generated admin user of `airflow standalone`."""
+
+    def __init__(self, base: str, home: Path) -> None:
+        self.base, self.home, self.token = base, home, ""
+
+    def healthy(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"{self.base}/api/v2/monitor/health", timeout=3) as response:
+                return response.status == 200
+        except (urllib.error.URLError, OSError):
+            return False
+
+    def call(self, method: str, path: str, body: dict | None = None) -> tuple[int, dict]:
+        code, answer = self.text(method, path, body)
+        return code, json.loads(answer or "{}")
+
+    def text(self, method: str, path: str, body: dict | None = None) -> tuple[int, str]:
+        if not self.token:
+            password = json.loads((self.home / "simple_auth_manager_passwords.json.generated").read_text())["admin"]
+            request = urllib.request.Request(
+                f"{self.base}/auth/token", method="POST", headers={"Content-Type": "application/json"},
+                data=json.dumps({"username": "admin", "password": password}).encode())
+            with urllib.request.urlopen(request, timeout=20) as response:
+                self.token = json.loads(response.read())["access_token"]
+        request = urllib.request.Request(
+            f"{self.base}{path}", method=method, data=None if body is None else json.dumps(body).encode(),
+            headers={"Authorization": f"Bearer {self.token}", "Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=30) as response:
+                return response.status, response.read().decode()
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read().decode()
+
+
+def _window_counts(records: list, skip: set[tuple[int, int]], window: int = 5) -> tuple[Counter, int]:
+    """Requests per (window start, ip) of the well-formed lines not at a coordinate in `skip` (the late ones), and
+    the number of lines that are not well formed: the oracle's own parse."""
+    counts: Counter = Counter()
+    bad = 0
+    for record in records:
+        match = LINE.match(record.value.decode("utf-8", errors="replace"))
+        if not _well_formed(record.value):
+            bad += 1
+        elif (record.partition, record.offset) not in skip:
+            epoch = int(datetime.strptime(match.group(2), "%d/%b/%Y:%H:%M:%S %z").timestamp())
+            ip = str(ipaddress.ip_address(match.group(1)))
+            counts[(datetime.fromtimestamp(epoch - epoch % window, tz=UTC), ip)] += 1
+    return counts, bad
+
+
+def _scheduled_run_under_make_airflow(copy: Path, airflow: subprocess.Popen, api_port: int, log_path: Path) -> None:
+    """`make airflow` on the demo's stack: sample lines, the shipped ip_count DAG unpaused and run by the scheduler
+    (the shipped spec directory, no MICROBATCH_PIPELINES_DIR) as a client of the stack's Spark Connect server;
+    meanwhile every socket of every process of the stack listens on 127.0.0.1 only, and no process's arguments,
+    task log, `microbatch status`/`history`/`verify` output, ledger page (HTML, JSON), rendered template or `make
+    connect` output holds a secret (the ledger password, the Connect token, Airflow's JWT secret and secret key)."""
+    state_file = copy / ".cache" / "devstack" / "state.json"
+
+    def log_tail() -> str:
+        return log_path.read_text(errors="replace")[-4000:]
+
+    def up() -> dict | None:
+        if airflow.poll() is not None:
+            raise AssertionError(f"make airflow exited with {airflow.returncode}:\n{log_tail()}")
+        state = json.loads(state_file.read_text())
+        if "airflow_pid" in state and Api(f"http://127.0.0.1:{api_port}", Path()).healthy():
+            return state
+        return None
+
+    state = _wait_for(up, 240, "the Airflow API did not come up on the demo's stack", log_tail)
+    stack = state["env"]
+    home = Path(state["airflow_home"])
+    assert home.is_relative_to(copy / ".cache") and "MICROBATCH_PIPELINES_DIR" not in stack
+    api = Api(f"http://127.0.0.1:{api_port}", home)
+    env = {**_airflow_env(copy, api_port), **stack, "PYTHONPATH": f"{copy / 'include'}{os.pathsep}{copy}"}
+    ledger = stack["MICROBATCH_LEDGER_URL"]
+    with transaction(ledger) as session:
+        before = session.execute(text("SELECT coalesce(max(id), 0) FROM batches")).scalar_one()
+
+    def microbatch(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([str(VENV / "bin" / "python"), "-m", "microbatch.cli", *args], cwd=copy, env=env,
+                              capture_output=True, text=True, timeout=300, check=False)
+
+    generated = microbatch("generate", "--count", str(GENERATED))
+    assert generated.returncode == 0, generated.stdout + generated.stderr
+    # The shipped DAG is paused at creation: unpause it once the dag-processor has parsed it.
+    _wait_for(lambda: api.call("PATCH", "/api/v2/dags/ip_count", {"is_paused": False})[0] == 200, 120,
+              "the ip_count DAG was not parsed", log_tail)
+
+    def runs() -> str:
+        return json.dumps(api.call("GET", "/api/v2/dags/ip_count/dagRuns?order_by=-run_after&limit=5")[1])[:3000]
+
+    def scheduled() -> list[tuple]:
+        with transaction(ledger) as session:
+            return session.execute(text(
+                "SELECT id, airflow_run_id, (counts->>'records')::int FROM batches WHERE state = 'committed' "
+                "AND id > :before ORDER BY id"), {"before": before}).all()
+
+    # While the scheduler plans, stages and commits: every socket of every process of the stack, read again and
+    # again, and every process's arguments, against the stack's secrets.
+    cfg = configparser.RawConfigParser()
+    cfg.read(home / "airflow.cfg")
+    secrets = {"the ledger password": make_url(ledger).password, "the Connect token": state["connect_token"],
+               "Airflow's JWT secret": cfg.get("api_auth", "jwt_secret"),
+               "Airflow's [api] secret_key": cfg.get("api", "secret_key")}
+    assert all(secrets.values()) and state["connect_token"] in stack["MICROBATCH_SPARK_REMOTE"]
+    sockets, in_arguments = set(), []
+    deadline = time.monotonic() + 300
+    while not (batches := scheduled()):
+        sockets.update(listening_sockets([p.pid for p in _stack_processes(state, airflow.pid)]))
+        in_arguments += leaks(secrets, {line[:120]: line for line in process_arguments()})
+        assert time.monotonic() < deadline, f"the scheduler committed no batch of ip_count\n{runs()}"
+        time.sleep(1)
+    exposed = [str(s) for s in sockets if not s.loopback_only]
+    assert not exposed, "listening beyond loopback:\n" + "\n".join(exposed)
+    ports = {s.port for s in sockets}
+    expected = {api_port, state["kafka_port"], state["controller_port"], state["postgres_port"],
+                state["connect_port"], int(env["AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT"])}
+    assert ports >= expected, (expected - ports, sorted(str(s) for s in sockets))
+    assert not in_arguments, in_arguments
+    assert all(run_id.startswith("scheduled__") for _, run_id, _ in batches), batches
+    assert sum(records for *_, records in batches) == GENERATED
+
+    # The table against a recount of the whole topic made here (the demo's lines and the new ones), the late
+    # records (the demo's) aside.
+    records = read_topic(stack["MICROBATCH_KAFKA_BOOTSTRAP"], "ip_count_source")
+    with transaction(ledger) as session:
+        sink = Counter({(start, ip): n for start, ip, n in session.execute(text(
+            "SELECT window_start, ip, count FROM ip_counts")).all()})
+        dead = session.execute(text("SELECT count(*) FROM dead_letters d JOIN pipelines p ON p.id = d.pipeline_id "
+                                    "WHERE p.name = 'ip_count'")).scalar_one()
+        late = {(p, o) for p, o in session.execute(text(
+            'SELECT l.partition, l."offset" FROM late_records l JOIN pipelines p ON p.id = l.pipeline_id '
+            "WHERE p.name = 'ip_count'")).all()}
+    counts, bad = _window_counts(records, late)
+    assert len(records) == 10_000 + GENERATED
+    assert (sink, dead) == (counts, bad)
+    verify = microbatch("verify", "ip_count")
+    assert verify.returncode == 0, verify.stdout + verify.stderr
+
+    # What a user sees and what Airflow keeps holds no secret: CLI output, task logs, the ledger page, the rendered
+    # templates of each task.
+    texts = {"microbatch verify": verify.stdout + verify.stderr}
+    for args in (("status", "ip_count"), ("history", "ip_count"), ("status", "ip_count", "--json")):
+        done = microbatch(*args)
+        assert done.returncode == 0, done.stdout + done.stderr
+        texts[f"microbatch {' '.join(args)}"] = done.stdout + done.stderr
+    log_files = list((home / "logs").rglob("*.log"))
+    assert any("task_id=stage" in str(path) for path in log_files), log_files
+    texts.update({str(path): path.read_text(errors="replace") for path in log_files})
+    for path in ("/microbatch/ledger", "/microbatch/api/ledger"):
+        code, body = api.text("GET", path)
+        assert code == 200 and "ip_count" in body, (path, code, body[:500])
+        texts[path] = body
+    run_id = batches[0][1]
+    for task in ("plan", "stage", "commit"):
+        code, body = api.text("GET", f"/api/v2/dags/ip_count/dagRuns/{urllib.parse.quote(run_id)}"
+                                     f"/taskInstances/{task}")
+        assert code == 200 and "rendered_fields" in body, (task, code, body[:500])
+        texts[f"the rendered fields of {task}"] = json.dumps(json.loads(body)["rendered_fields"])
+    assert not leaks(secrets, texts)
+
+    # The stage tasks ran as clients of the stack's Spark Connect server.
+    task_logs = " ".join(f.read_text(errors="replace") for f in (home / "logs").rglob("*.log"))
+    assert re.search(rf"staged batch \d+ through Spark Connect at sc://localhost:{state['connect_port']}",
+                     task_logs), "no stage task ran on the stack's Spark Connect server"
+    # kafka-python's connection steps (~20 INFO lines per plan task) and Alembic's context stay out of the logs.
+    chatter = re.findall(r'[^\n]*"level":"(?:info|debug)"[^\n]*"logger":"(?:kafka|alembic)[^\n]*', task_logs)
+    assert not chatter, chatter[:3]
+    # The scheduler's forkserver had imported the client's modules (microbatch.airflow.preload), so the stage task
+    # forked from its worker imported none of them.
+    assert "client ready in" in task_logs and "its modules already imported" in task_logs, \
+        re.findall(r"[^\n]*client ready in[^\n]*", task_logs)
+    # `make connect` finds that server up and keeps it, and says nothing secret.
+    connect = _make(copy, "connect")
+    assert connect.returncode == 0 and "already up" in connect.stdout, connect.stdout + connect.stderr
+    assert not leaks(secrets, {"make connect's output": connect.stdout + connect.stderr})
+    assert json.loads(state_file.read_text())["connect_port"] == state["connect_port"]
+
+
+
+
+def test_make_demo_then_make_airflow_on_its_stack_keep_their_secrets_and_make_down_leaves_no_process(
+        tmp_path: Path) -> None:
     copy = _fresh_copy(tmp_path / "microbatch")
     assert not (copy / ".cache").exists()
     _seed_maven_repository(copy)
     state: dict = {}
+    airflow: subprocess.Popen | None = None
+    api_port = free_port()
+    stopped = False
     try:
         first = _make(copy, "demo")
         output = first.stdout + first.stderr
@@ -201,12 +460,37 @@ def test_make_demo_on_a_fresh_copy_prints_exact_results_and_keeps_its_secrets(tm
         leaked = [(secret, where) for secret, value in secrets.items() for where, text in written.items()
                   if value in text]
         assert not leaked, leaked
-    finally:
+
+        # The README's Airflow path on the same stack: `make airflow`, a scheduled run, then `make down`.
+        airflow = _start_make_airflow(copy, api_port, tmp_path / "make-airflow.log")
+        _scheduled_run_under_make_airflow(copy, airflow, api_port, tmp_path / "make-airflow.log")
+        state = json.loads((copy / ".cache" / "devstack" / "state.json").read_text())
+        assert len(_stack_processes(state, airflow.pid)) > 10  # standalone's components, Kafka, PostgreSQL, Connect
+        started = time.monotonic()
         down = _make(copy, "down")
-    assert down.returncode == 0, down.stdout + down.stderr
+        took = time.monotonic() - started
+        assert down.returncode == 0, down.stdout + down.stderr
+        print(f"make down took {took:.1f}s: {down.stdout.strip()}")
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            airflow.wait(30)  # `make airflow` ends with its standalone
+        left = _stack_processes(state, airflow.pid)
+        assert not left, f"`make down` ({took:.0f}s) left processes of the stack running:\n{_describe(left)}"
+        stopped = True
+    finally:
+        if state and not stopped:  # whatever failed above: this test's stack (found by its id), nothing else
+            _make(copy, "down")
+            leftover = _stack_processes(state, airflow.pid if airflow else None)
+            for proc in leftover:
+                with contextlib.suppress(psutil.Error):
+                    proc.send_signal(signal.SIGKILL)
+            psutil.wait_procs(leftover, timeout=10)
+        if airflow and airflow.poll() is None:
+            os.killpg(airflow.pid, signal.SIGKILL)
+            airflow.wait(10)
     assert state, "the demo never wrote the stack's state"
-    assert not port_open(state["kafka_port"]) and not port_open(state["postgres_port"])
-    assert not port_open(state["connect_port"]), "make down left the Spark Connect server running"
+    for port in (api_port, state["kafka_port"], state["controller_port"], state["postgres_port"],
+                 state["connect_port"]):
+        assert not port_open(port), f"port {port} still open after make down"
     gone = _cli(copy, "status")
     assert gone.returncode == 2
     assert gone.stdout.strip().startswith("error: ") and "make demo" in gone.stdout and "Traceback" not in gone.stdout

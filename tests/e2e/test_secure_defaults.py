@@ -7,8 +7,8 @@
   published SASL listener refuses a client without the password;
 - a Spark Connect server with a token refuses a client without it, accepts the header form the compose file
   uses, and the stage runs through it exactly once;
-- the local stack as `make airflow` runs it: tests/e2e/test_stack_down.py (every socket on 127.0.0.1, no secret
-  anywhere a user or a process listing looks, and `make down` stops all of it).
+- the local stack as `make airflow` runs it (on the stack `make demo` left): tests/e2e/test_demo_e2e.py (every
+  socket on 127.0.0.1, no secret anywhere a user or a process listing looks, and `make down` stops all of it).
 """
 
 from __future__ import annotations
