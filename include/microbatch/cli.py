@@ -269,6 +269,22 @@ def migrate() -> None:
     console.print(f"ledger schema at revision {upgrade_ledger(url)}")
     for pipeline, done in migrate_sinks(url).items():
         console.print(f"{pipeline}: " + ("; ".join(done) if done else "sink tables up to date"))
+    for pipeline, done in _migrate_topics().items():
+        console.print(f"{pipeline}: " + "; ".join(done))
+
+
+def _migrate_topics() -> dict[str, list[str]]:
+    """Create the missing output topics of every spec in the pipelines directory, as each kafka sink declares."""
+    from microbatch.config import load_spec, spec_paths
+    from microbatch.kafka.topics import migrate_output_topics
+
+    done = {}
+    for path in spec_paths():
+        spec = load_spec(path)
+        lines = migrate_output_topics(spec, settings.kafka_settings)
+        if lines:
+            done[spec.name] = lines
+    return done
 
 
 app.command("init-db", help="Alias of migrate.")(migrate)
@@ -879,12 +895,11 @@ def _new_from_topic(name: str, topic: str) -> None:
 
 
 def _create_output_topics(pipeline: str) -> None:
+    """The output topics of a shipped pipeline, as `microbatch migrate` creates them."""
     from microbatch.config import find_spec
-    from microbatch.dev.kafka import create_topic
-    from microbatch.sinks.registry import publishing
+    from microbatch.kafka.topics import migrate_output_topics
 
-    for sink in publishing(find_spec(pipeline)):
-        create_topic(_bootstrap(), sink.spec.topic, 4)
+    migrate_output_topics(find_spec(pipeline), settings.kafka_settings)
 
 
 def _generate_clicks(count: int, seed: int) -> None:

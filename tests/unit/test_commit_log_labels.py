@@ -28,7 +28,7 @@ def context(spec, *, backfill: bool = False, replay: bool = False) -> CommitCont
     (IP_COUNT, "replay", "correction(s) of published windows"),
     (CLICKS, "scheduled", "row(s)"),
     (CLICKS, "backfill", "row(s)"),
-    (CLICKS, "replay", "correction(s) of published rows"),
+    (CLICKS, "replay", "correction(s) and retraction(s) of published rows"),
 ])
 def test_a_kafka_sinks_outbox_rows_are_named_by_what_its_source_publishes(spec, kind, label):
     ctx = context(spec, backfill=kind == "backfill", replay=kind == "replay")

@@ -15,7 +15,7 @@ PAGES = sorted((ROOT / "docs").glob("*.md"))
 README = ROOT / "README.md"
 PATH = re.compile(r"(?<![\w./-])((?:include|dags|spark_jobs|plugins|tests|bench|docs)/[\w./-]*)")
 MODULE = re.compile(r"(?<![\w.])(microbatch(?:\.\w+)+)")
-NOT_MODULES = {"microbatch.seq", "microbatch.correction"}  # Kafka header names
+NOT_MODULES = {"microbatch.seq", "microbatch.correction", "microbatch.retraction"}  # Kafka header names
 
 
 def _texts() -> dict[str, str]:

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import sqlalchemy as sa
 
-from microbatch.config import PostgresAppendSink, PostgresUpsertSink
+from microbatch.config import KafkaSink, PostgresAppendSink, PostgresUpsertSink
 from microbatch.sinks.base import CommitContext
+from microbatch.sinks.kafka import outbox_sql
 from microbatch.sinks.postgres_append import PostgresAppend, delete_replaced_sql, insert_rows_sql
 from microbatch.sinks.postgres_upsert import PostgresUpsert, add_versions_sql, merge_sql, retract_sql, tombstone_sql
 from microbatch.sinks.registry import sink_for
@@ -68,13 +69,19 @@ def test_the_append_statements():
     )
 
 
-def test_a_kafka_sink_publishes_each_staged_row_and_a_replay_as_corrections():
+def test_a_kafka_sink_publishes_each_staged_row_and_of_a_replay_only_what_changed():
     rows = context().sinks["clicks_raw"].published_rows(context())
-    assert rows is not None and not rows.correction
+    assert rows is not None and not rows.correction and rows.coordinates and rows.replay_rows is None
     assert rows.order == '"topic", "partition", "offset"'
     assert set(rows.params) == {"batch_id", "attempt"}
     replayed = context(replay=True).sinks["clicks_raw"].published_rows(context(replay=True))
     assert replayed is not None and replayed.correction
+    assert replayed.replay_rows == ('SELECT "user", "page", "ts", "topic", "partition", "offset" FROM '
+                                    '"stage_clicks_raw" WHERE batch_id = :batch_id AND attempt = :attempt')
+    statement = outbox_sql(KafkaSink(name="out", type="kafka", topic="o", source="clicks_raw", key="user"), replayed)
+    # Against the last value published per coordinates in the superseded ranges: changed rows, and retractions.
+    assert "DISTINCT ON (o.src_topic, o.src_partition, o.src_offset)" in statement
+    assert "o.value - 'correction' <> to_jsonb(n)" in statement and "'retraction', true" in statement
 
 
 def test_the_upsert_orders_versions_and_knows_its_tombstones():

@@ -121,7 +121,7 @@ def _without_sql(spec: dict) -> None:
     (lambda s: s["event_time"].update(window="a minute"), "'a minute' is not a duration"),
     (lambda s: s["sinks"].append({"name": "out", "type": "kafka", "topic": "o", "source": "log",
                                   "key": "payment_id", "sql": "SELECT 1 FROM records"}),
-     "a kafka sink publishes the rows of its source sink"),
+     "publishes the rows of 'log'; give the query to that sink"),
     (lambda s: s["sinks"][1].update(sql=TOTALS_SQL.replace("merchant,", "status AS merchant,")),
      "'merchant' is neither a SUM/COUNT nor in the GROUP BY"),
 ])

@@ -128,6 +128,11 @@ def _backfill_dag_args(spec: PipelineSpec) -> dict[str, Any]:
     }
 
 
+def _output_clusters(connection: str) -> Any:
+    """The Kafka cluster of a kafka sink's connection (the plan checks its output topic exists)."""
+    return resolved(hooks.KafkaHook(connection).get_conn)
+
+
 def _plan_task(spec: PipelineSpec) -> Callable[[], Any]:
     @task(task_id="plan")
     def plan(**context: Any) -> str:
@@ -137,7 +142,7 @@ def _plan_task(spec: PipelineSpec) -> Callable[[], Any]:
         ledger = resolved(hooks.LedgerHook().get_conn)
         kafka = resolved(hooks.KafkaHook(spec.source.connection).get_conn)
         with task_errors(ledger):
-            outcome = plan_next_batch(spec, ledger, kafka, context["run_id"])
+            outcome = plan_next_batch(spec, ledger, kafka, context["run_id"], outputs=_output_clusters)
         log_plan_summary(log, spec.name, outcome)
         if outcome.batch_id is None:
             raise AirflowSkipException("nothing new to read")
@@ -155,7 +160,8 @@ def _backfill_plan_task(spec: PipelineSpec) -> Callable[[], Any]:
         ledger = resolved(hooks.LedgerHook().get_conn)
         kafka = resolved(hooks.KafkaHook(spec.source.connection).get_conn)
         with task_errors(ledger):
-            outcome = plan_backfill(spec, dict(context["params"]), ledger, kafka, context["run_id"])
+            outcome = plan_backfill(spec, dict(context["params"]), ledger, kafka, context["run_id"],
+                                    outputs=_output_clusters)
         log_backfill_plan(log, spec.name, outcome)
         if not outcome.batch_ids:
             raise AirflowSkipException("dry run" if outcome.params.dry_run else f"nothing to {outcome.params.mode}")

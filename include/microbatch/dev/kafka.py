@@ -306,24 +306,12 @@ def find_transaction_coordinator(bootstrap_servers: str, transactional_id: str) 
 
 def create_topic(bootstrap_servers: str, name: str, partitions: int, replication: int = -1,
                  config: dict[str, str] | None = None) -> None:
-    """Create a topic (with topic-level `config`); a topic that already exists is left as it is. The
-    replication factor defaults to the brokers' `default.replication.factor` (1 on a single node, 3 on the
-    cluster)."""
-    from kafka.admin import NewTopic
-    from kafka.errors import TopicAlreadyExistsError
+    """Create a topic (with topic-level `config`) and wait for its partitions' leaders; a topic that already
+    exists is left as it is. The replication factor defaults to the brokers' `default.replication.factor` (1 on a
+    single node, 3 on the cluster)."""
+    from microbatch.config import OutputTopic
+    from microbatch.kafka.topics import create_topics
 
-    from microbatch.kafka import clients
-
-    admin = clients.admin(KafkaSettings(bootstrap_servers))
-    try:
-        admin.create_topics([NewTopic(name, partitions, replication, topic_configs=config or {})])
-    except TopicAlreadyExistsError:
-        pass
-    finally:
-        admin.close()
-    # Wait until the partitions have leaders, so the first produce does not race the creation.
-    consumer = clients.consumer(KafkaSettings(bootstrap_servers))
-    try:
-        wait_until(lambda: len(consumer.partitions_for_topic(name) or ()) >= partitions, 30, f"topic {name}")
-    finally:
-        consumer.close()
+    create_topics(KafkaSettings(bootstrap_servers), [OutputTopic("", name, partitions,
+                                                                 None if replication == -1 else replication,
+                                                                 dict(config or {}))])

@@ -245,7 +245,9 @@ class OutboxRow(Base):
 
     __tablename__ = "outbox"
     __table_args__ = (PrimaryKeyConstraint("pipeline_id", "sink", "seq", name="pk_outbox"),
-                      CheckConstraint("seq > 0", name="seq_positive"))
+                      CheckConstraint("seq > 0", name="seq_positive"),
+                      Index("ix_outbox_source", "pipeline_id", "sink", "src_topic", "src_partition", "src_offset",
+                            "seq", postgresql_where=text("src_topic IS NOT NULL")))
 
     pipeline_id: Mapped[int] = mapped_column(ForeignKey("pipelines.id"))
     sink: Mapped[str] = mapped_column(Text)
@@ -254,6 +256,11 @@ class OutboxRow(Base):
     key: Mapped[str | None] = mapped_column(Text)
     value: Mapped[dict[str, Any]] = mapped_column()
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+    src_topic: Mapped[str | None] = mapped_column(Text)
+    """A published row's source coordinates (NULL for a window), so a replay publishes only what changed
+    (migration 0015)."""
+    src_partition: Mapped[int | None] = mapped_column(Integer)
+    src_offset: Mapped[int | None] = mapped_column(BigInteger)
 
 
 class PublishProgress(Base):

@@ -694,17 +694,56 @@ def mark_committed(session: Session, batch: Batch, pipeline: Pipeline, run_id: s
 OUTBOX_CORRECTION = " || jsonb_build_object('correction', true)"
 
 
-def outbox_insert_sql(relation: str, order: str, key: str, *, correction: bool = False, ctes: str = "") -> str:
+def outbox_insert_sql(relation: str, order: str, key: str, *, correction: bool = False, ctes: str = "",
+                      coordinates: bool = False) -> str:
     """One outbox row per row of the relation `final` (`relation`, or `ctes` defines it), keyed by its column
-    `key` (an SQL name), its value the row as JSON, numbered in `order` after the sink's last sequence. Binds
-    :pipeline_id, :sink and :batch_id."""
+    `key` (an SQL name), its value the row as JSON, numbered in `order` after the sink's last sequence; with
+    `coordinates`, the row's `topic`, `partition` and `offset` are kept beside it (`outbox_row_changes_sql` reads
+    them). Binds :pipeline_id, :sink and :batch_id."""
+    kept = ", src_topic, src_partition, src_offset" if coordinates else ""
+    values = ', final.topic, final."partition", final."offset"' if coordinates else ""
     return (
-        f"{ctes}INSERT INTO {OutboxRow.__tablename__} (pipeline_id, sink, seq, batch_id, key, value) "
+        f"{ctes}INSERT INTO {OutboxRow.__tablename__} (pipeline_id, sink, seq, batch_id, key, value{kept}) "
         f"SELECT :pipeline_id, :sink, base.seq + row_number() OVER (ORDER BY {order}), :batch_id, "
-        f"final.{key}::text, to_jsonb(final){OUTBOX_CORRECTION if correction else ''} "
-        f"FROM {relation}, "
-        f"(SELECT coalesce(max(seq), 0) AS seq FROM {OutboxRow.__tablename__} WHERE pipeline_id = :pipeline_id "
-        "AND sink = :sink) AS base "
+        f"final.{key}::text, to_jsonb(final){OUTBOX_CORRECTION if correction else ''}{values} "
+        f"FROM {relation}, {_NEXT_SEQ} "
+        "RETURNING seq"
+    )
+
+
+_NEXT_SEQ = (f"(SELECT coalesce(max(seq), 0) AS seq FROM {OutboxRow.__tablename__} WHERE pipeline_id = :pipeline_id "
+             "AND sink = :sink) AS base")
+_COORDINATES = 'topic, "partition", "offset"'
+_RETRACTION = ("""o.topic, o."partition", o."offset", o.key, jsonb_build_object('topic', o.topic, """
+               """'partition', o."partition", 'offset', o."offset", 'retraction', true)""")
+
+
+def outbox_row_changes_sql(new_rows: str, key: str) -> str:
+    """A replay's outbox rows for a sink that publishes rows (each with its source coordinates): of the rows the
+    replay gives (`new_rows`, a SELECT of the published columns and `topic`, `partition`, `offset`), each whose JSON
+    differs from the last one published for its coordinates, or that none was published for, as a correction; for
+    each row last published in a range the replay supersedes that it no longer gives, a retraction (its
+    coordinates and `"retraction": true`, under the key it had); for an identical row, nothing. Numbered by
+    coordinates after the sink's last sequence. Binds :pipeline_id, :sink, :batch_id (the replay batch) and what
+    `new_rows` binds."""
+    join = ("o.src_topic = g.topic AND o.src_partition = g.partition AND o.src_offset >= g.start_offset "
+            "AND o.src_offset < g.end_offset")
+    table = OutboxRow.__tablename__
+    return (
+        f"WITH new AS ({new_rows}), "
+        "old AS (SELECT DISTINCT ON (o.src_topic, o.src_partition, o.src_offset) o.src_topic AS topic, "
+        'o.src_partition AS "partition", o.src_offset AS "offset", o.key, o.value '
+        f"FROM {table} o JOIN {superseded_ranges('g', join)} AND o.pipeline_id = :pipeline_id AND o.sink = :sink "
+        "ORDER BY o.src_topic, o.src_partition, o.src_offset, o.seq DESC), "
+        f'changes AS (SELECT n.topic, n."partition", n."offset", n.{key}::text AS k, to_jsonb(n) AS doc '
+        f"FROM new n LEFT JOIN old o USING ({_COORDINATES}) "
+        "WHERE o.value IS NULL OR o.value -> 'retraction' IS NOT NULL OR o.value - 'correction' <> to_jsonb(n) "
+        f"UNION ALL SELECT {_RETRACTION} "
+        f"FROM old o LEFT JOIN new n USING ({_COORDINATES}) "
+        "WHERE n.topic IS NULL AND o.value -> 'retraction' IS NULL) "
+        f"INSERT INTO {table} (pipeline_id, sink, seq, batch_id, key, value, src_topic, src_partition, src_offset) "
+        'SELECT :pipeline_id, :sink, base.seq + row_number() OVER (ORDER BY c.topic, c."partition", c."offset"), '
+        f'    :batch_id, c.k, c.doc{OUTBOX_CORRECTION}, c.topic, c."partition", c."offset" FROM changes c, {_NEXT_SEQ} '
         "RETURNING seq"
     )
 

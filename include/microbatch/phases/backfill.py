@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 import logging
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Literal
@@ -150,6 +150,7 @@ def plan_backfill(
     ledger: Ledger,
     kafka: KafkaSettings,
     airflow_run_id: str | None = None,
+    outputs: Callable[[str], KafkaSettings] | None = None,
 ) -> BackfillOutcome:
     """Validate, resolve times, plan the fill or the replay, and (unless dry run) insert its batches.
 
@@ -157,7 +158,8 @@ def plan_backfill(
     read under the pipeline's lock, the pure planner decides (or refuses, before anything is written), the sinks
     report the rows a replay replaces, and the ledger inserts the batches in the same transaction."""
     params = parse_params(spec, raw_params)
-    sinks = check_pipeline(spec, ledger)  # the sink tables and the transform, before any batch is opened
+    # The sink tables, the output topics and the transform, before any batch is opened.
+    sinks = check_pipeline(spec, ledger, outputs or (lambda _: kafka))
     replay = params.mode == "replay"
     if replay:
         for sink in sinks.values():

@@ -14,6 +14,7 @@ import ast
 import logging
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from importlib.machinery import ModuleSpec, PathFinder
 from pathlib import Path
@@ -22,6 +23,7 @@ from microbatch import failpoints
 from microbatch.config import PipelineSpec
 from microbatch.errors import SpecError
 from microbatch.kafka.offsets import read_source
+from microbatch.kafka.topics import missing_output_topics
 from microbatch.ledger import repository as repo
 from microbatch.ledger.database import Ledger
 from microbatch.planning import plan_run
@@ -59,7 +61,8 @@ class PlanOutcome:
 
 
 def plan_next_batch(
-    spec: PipelineSpec, ledger: Ledger, kafka: KafkaSettings, airflow_run_id: str | None = None
+    spec: PipelineSpec, ledger: Ledger, kafka: KafkaSettings, airflow_run_id: str | None = None,
+    outputs: Callable[[str], KafkaSettings] | None = None,
 ) -> PlanOutcome:
     """Reuse the open batches, or plan and insert new ones (one, or up to `source.max_batches_per_run` when the
     backlog is larger than a batch); no batch id when there is nothing to read.
@@ -69,7 +72,7 @@ def plan_next_batch(
     the mode applies once. Every fresh plan records the lag of each partition.
     """
     started = time.monotonic()
-    check_pipeline(spec, ledger)
+    check_pipeline(spec, ledger, outputs or (lambda _: kafka))
     with ledger.transaction() as session:  # read only: nothing is written before the broker has answered
         known = repo.known_positions(session, spec.name)
     earliest, latest, looked_up = read_source(kafka, spec.source, known,
@@ -97,15 +100,29 @@ def plan_next_batch(
                        time.monotonic() - started)
 
 
-def check_pipeline(spec: PipelineSpec, ledger: Ledger) -> dict[str, Sink]:
-    """Before anything is written: the sink tables exist and match the spec, and the transform can be found and
-    has the contract's methods; return the pipeline's sinks by name. A mismatch raises `SpecError` (terminal: a
-    retry cannot help)."""
+def check_pipeline(spec: PipelineSpec, ledger: Ledger,
+                   outputs: Callable[[str], KafkaSettings] | None = None) -> dict[str, Sink]:
+    """Before anything is written: the sink tables exist and match the spec, the output topics exist (on the
+    cluster `outputs` gives for each kafka sink's connection), and the transform can be found and has the
+    contract's methods; return the pipeline's sinks by name. A mismatch raises `SpecError` (terminal: a retry
+    cannot help)."""
     check_transform(spec)
     sinks = sinks_of(spec)
     with ledger.engine.connect() as conn:
         schema.check_sinks(conn, spec, sinks)
+    if outputs is not None:
+        check_output_topics(spec, outputs)
     return sinks
+
+
+def check_output_topics(spec: PipelineSpec, outputs: Callable[[str], KafkaSettings]) -> None:
+    """Refuse a batch whose kafka sink has no topic to publish to: it would commit with nowhere to go."""
+    missing = missing_output_topics(spec, outputs)
+    if missing:
+        sink, topic = missing[0]
+        raise SpecError(f"The output topic '{topic}' of sink '{sink}' does not exist, so no batch was planned.",
+                        fix="Run `microbatch migrate`, which creates it with the spec's partitions, replication "
+                        "factor and topic_config.")
 
 
 def check_transform(spec: PipelineSpec) -> None:

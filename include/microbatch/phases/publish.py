@@ -39,6 +39,7 @@ from microbatch.settings import KafkaSettings
 log = logging.getLogger(__name__)
 SEQ_HEADER = "microbatch.seq"
 CORRECTION_HEADER = "microbatch.correction"
+RETRACTION_HEADER = "microbatch.retraction"
 _TAIL_WINDOW = 64
 _FAILOVER_ATTEMPTS = 4
 _FAILOVER_BACKOFF_S = 3.0
@@ -46,6 +47,21 @@ _COMMIT_TIMEOUT_S = 30.0
 BEFORE_COMMIT = failpoints.point("publish.before_commit")  # Kafka transaction open
 AFTER_COMMIT = failpoints.point("publish.after_commit")  # Kafka committed, progress not recorded
 BETWEEN_TRANSACTIONS = failpoints.point("publish.between_transactions")
+
+
+def record_headers(sink: KafkaSink, seq: int, value: dict) -> list[tuple[str, bytes]]:
+    """A published record's headers: its outbox sequence, the correction and retraction marks of a backfill or a
+    replay, then the spec's `headers`, each the text of its column in the row (none for a null)."""
+    headers = [(SEQ_HEADER, str(seq).encode())]
+    if value.get("correction"):
+        headers.append((CORRECTION_HEADER, b"1"))  # a backfill or a replay changed what was published
+    if value.get("retraction"):
+        headers.append((RETRACTION_HEADER, b"1"))  # a replay no longer gives this row
+    for name, column in sink.headers.items():
+        found = value.get(column)
+        if found is not None:
+            headers.append((name, (found if isinstance(found, str) else json.dumps(found)).encode()))
+    return headers
 
 
 def _seq_of(headers: list[tuple[str, bytes]] | None) -> int | None:
@@ -69,7 +85,8 @@ def last_published_seq(kafka: KafkaSettings, topic: str) -> int:
     try:
         partitions = consumer.partitions_for_topic(topic)
         if not partitions:
-            raise SpecError(f"The output topic '{topic}' does not exist.", fix="Create it before publishing.")
+            raise SpecError(f"The output topic '{topic}' does not exist.",
+                            fix="Run `microbatch migrate`, which creates it as the spec says.")
         tps = [KafkaTopicPartition(topic, p) for p in sorted(partitions)]
         begins = consumer.beginning_offsets(tps)
         ends = consumer.end_offsets(tps)
@@ -199,9 +216,7 @@ def _publish_session(sink: KafkaSink, ledger: Ledger, kafka: KafkaSettings, pipe
                 raise RuntimeError(f"outbox of {sink.name} has a gap after sequence {last}")
             producer.begin_transaction()
             for seq, key, value in rows:
-                headers = [(SEQ_HEADER, str(seq).encode())]
-                if value.get("correction"):
-                    headers.append((CORRECTION_HEADER, b"1"))  # a backfill changed an already final window
+                headers = record_headers(sink, seq, value)
                 producer.send(sink.topic, key=(key or "").encode(), value=json.dumps(value, sort_keys=True).encode(),
                               headers=headers)
             producer.flush(timeout=_COMMIT_TIMEOUT_S)

@@ -174,6 +174,11 @@ class PublishedRows:
     """`WITH ... final AS (...) ` (with its trailing space) when `relation` is a common table expression."""
     label: str = "row(s)"
     """What the rows are, for the commit's log line (`<n> <label>: outbox <sink> seq a..b`)."""
+    coordinates: bool = False
+    """The rows carry their source `topic`, `partition` and `offset`, which the outbox keeps beside each."""
+    replay_rows: str | None = None
+    """A replay of rows: a SELECT of the rows it gives (with their coordinates); the outbox then takes only what
+    changed against what was last published for the ranges it supersedes (`repository.outbox_row_changes_sql`)."""
 
 
 @dataclass(frozen=True)

@@ -8,8 +8,9 @@ then inserts its own, in the commit's one transaction. With `include_late` (the 
 the job's `outputs` the late records too for this sink (see `phases/stage.py`), so a raw landing table takes
 every valid record, while an aggregate sink of the same pipeline still sends them to `late_records`.
 
-A kafka sink may publish the rows: each row of a scheduled or backfill batch once, in source order; the rows
-a replay rewrote again, marked as corrections (a consumer keeps the last value per coordinates).
+A kafka sink may publish the rows: each row of a scheduled or backfill batch once, in source order; of a replay,
+only the rows whose content changed (corrections) and those it no longer gives (retractions): a consumer that keeps
+the last value per coordinates, and drops a retracted one, ends equal to the table.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from sqlalchemy import text
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from microbatch.config import SOURCE_COORDINATES, PostgresAppendSink
+from microbatch.config import SOURCE_COORDINATES, KafkaSink, PostgresAppendSink
 from microbatch.errors import MicrobatchError
 from microbatch.ledger.fragments import staged_rows, superseded_ranges
 from microbatch.sinks.base import CommitContext, PublishedRows, Sink, Staging, quote, sql_type, staging_columns
@@ -53,12 +54,21 @@ def delete_replaced_sql(sink: PostgresAppendSink) -> str:
     )
 
 
-def staged_rows_sql(sink: PostgresAppendSink) -> str:
-    """This batch's staged rows as the relation `final` that a kafka sink publishes."""
-    columns = ", ".join(quote(c) for c in row_columns(sink))
-    return (
-        f"(SELECT {columns} FROM {staged_rows(quote(sink.staging_table))}) AS final"
-    )
+def staged_rows_sql(sink: PostgresAppendSink | KafkaSink) -> str:
+    """This batch's staged rows (the sink's columns and the source coordinates), as a SELECT."""
+    columns = ", ".join(quote(c) for c in (*(sink.columns or {}), *SOURCE_COORDINATES))
+    return f"SELECT {columns} FROM {staged_rows(quote(sink.staging_table))}"
+
+
+def published_staged_rows(sink: PostgresAppendSink | KafkaSink, ctx: CommitContext) -> PublishedRows:
+    """The rows a kafka sink publishes of a row sink's batch (an append sink's, or its own): each staged row once,
+    in source order; a replay's only where they changed (corrections) or disappeared (retractions)."""
+    select = staged_rows_sql(sink)
+    order = ", ".join(quote(c) for c in SOURCE_COORDINATES)
+    if ctx.replay:
+        return PublishedRows("", order, dict(ctx.staged), correction=True, coordinates=True, replay_rows=select,
+                             label="correction(s) and retraction(s) of published rows")
+    return PublishedRows(f"({select}) AS final", order, dict(ctx.staged), coordinates=True)
 
 
 class PostgresAppend(Sink):
@@ -115,6 +125,4 @@ class PostgresAppend(Sink):
             ) from None
 
     def published_rows(self, ctx: CommitContext) -> PublishedRows | None:
-        return PublishedRows(staged_rows_sql(self.spec), ", ".join(quote(c) for c in SOURCE_COORDINATES),
-                             dict(ctx.staged), correction=ctx.replay,
-                             label="correction(s) of published rows" if ctx.replay else "row(s)")
+        return published_staged_rows(self.spec, ctx)
