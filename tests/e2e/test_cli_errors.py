@@ -111,7 +111,8 @@ def test_a_failed_dag_run_prints_its_cause_and_where_the_log_is(service_env: dic
     """`run` and `backfill` of a failing pipeline print their log file's path, one line per DAG run, the failed
     task's one sentence and where the full log is: nothing else. Airflow's lines and tracebacks are in the file:
     the default one under .cache/logs (`run`), or the one `--log-file` names (`backfill`)."""
-    specs = write_test_spec(tmp_path / "pipelines", topic, 1000, spark_mode="connect")
+    specs = write_test_spec(tmp_path / "pipelines", topic, 1000, spark_mode="connect",
+                            bootstrap=kafka.bootstrap_servers)
     port = free_port()  # no Spark Connect server there: the stage fails, after plan planned a batch
     env = {**service_env, "MICROBATCH_PIPELINES_DIR": str(specs), "MICROBATCH_SPARK_REMOTE": f"sc://127.0.0.1:{port}"}
     produce_lines(kafka.bootstrap_servers, topic, generate_lines(200, seed=42))

@@ -95,9 +95,9 @@ def ledger_truth(url: str, bootstrap: str, topic: str) -> dict:
 
 
 @pytest.fixture
-def specs(topic: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+def specs(topic: str, kafka, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """ip_count reading the test's topic, 150 records per batch, for this process and for Airflow."""
-    directory = write_test_spec(tmp_path / "pipelines", topic, 150)
+    directory = write_test_spec(tmp_path / "pipelines", topic, 150, bootstrap=kafka.bootstrap_servers)
     monkeypatch.setenv("MICROBATCH_PIPELINES_DIR", str(directory))
     return directory
 

@@ -33,7 +33,7 @@ def written(url: str) -> tuple[int, int]:
 
 def test_bad_parameters_are_refused_before_anything_is_written(service_env, topic, kafka, ledger_url, tmp_path,
                                                                monkeypatch):
-    specs = write_test_spec(tmp_path / "pipelines", topic, max_records=1_000)
+    specs = write_test_spec(tmp_path / "pipelines", topic, max_records=1_000, bootstrap=kafka.bootstrap_servers)
     monkeypatch.setenv("MICROBATCH_PIPELINES_DIR", str(specs))
     producer = KafkaProducer(bootstrap_servers=kafka.bootstrap_servers)
     for partition in range(4):

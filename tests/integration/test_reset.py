@@ -19,7 +19,7 @@ pytestmark = pytest.mark.integration
 
 
 def test_reset_rules(service_env, topic, kafka, ledger_url, tmp_path, monkeypatch):
-    specs = write_test_spec(tmp_path / "pipelines", topic, max_records=20)
+    specs = write_test_spec(tmp_path / "pipelines", topic, max_records=20, bootstrap=kafka.bootstrap_servers)
     monkeypatch.setenv("MICROBATCH_PIPELINES_DIR", str(specs))
     env = {**service_env, "MICROBATCH_PIPELINES_DIR": str(specs)}
     producer = KafkaProducer(bootstrap_servers=kafka.bootstrap_servers)

@@ -18,7 +18,8 @@ pytestmark = pytest.mark.integration
 def test_reset_to_a_time_moves_each_partition_to_its_first_record_at_or_after_it(
     service_env, topic, kafka, ledger_url, tmp_path
 ):
-    env = {**service_env, "MICROBATCH_PIPELINES_DIR": str(write_test_spec(tmp_path / "pipelines", topic, 20))}
+    env = {**service_env, "MICROBATCH_PIPELINES_DIR": str(write_test_spec(tmp_path / "pipelines", topic, 20,
+                                                                                  bootstrap=kafka.bootstrap_servers))}
     base = 1_790_000_000_000
     producer = KafkaProducer(bootstrap_servers=kafka.bootstrap_servers)
     for i in range(6):
