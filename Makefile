@@ -9,7 +9,7 @@ TEST_WORKERS ?= 2
 export PYTHONPATH := $(CURDIR)/include:$(CURDIR)
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: demo test unit integration e2e lint jars venv airflow connect down bench chaos chaos-cluster cluster soak clean browser prometheus docs docs-generate
+.PHONY: demo test unit integration e2e lint jars venv airflow connect registry down bench chaos chaos-cluster cluster soak clean browser prometheus docs docs-generate
 
 $(STAMP): requirements.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -63,6 +63,11 @@ airflow: jars
 # stops it); the server requires a token, which `.cache/devstack/env.sh` exports in MICROBATCH_SPARK_REMOTE.
 connect: jars
 	$(PY) -m microbatch.dev.stack connect
+
+# A detached schema registry (Apicurio Registry 2.6 from Maven Central, in memory, on 127.0.0.1; reused while it
+# lives; `make down` stops it and its schemas are gone); `.cache/devstack/env.sh` exports MICROBATCH_SCHEMA_REGISTRY_URL.
+registry: jars
+	$(PY) -m microbatch.dev.stack registry
 
 down: $(STAMP)
 	$(PY) -m microbatch.dev.stack down

@@ -13,6 +13,7 @@ import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
+from urllib.parse import quote, urlsplit, urlunsplit
 
 from pydantic import BaseModel, ConfigDict, SecretStr, ValidationError, model_validator
 
@@ -21,9 +22,11 @@ from microbatch.errors import ConnectionSettingsError, first_validation_error
 LEDGER_URL_ENV = "MICROBATCH_LEDGER_URL"
 BOOTSTRAP_ENV = "MICROBATCH_KAFKA_BOOTSTRAP"
 SPARK_REMOTE_ENV = "MICROBATCH_SPARK_REMOTE"
+SCHEMA_REGISTRY_URL_ENV = "MICROBATCH_SCHEMA_REGISTRY_URL"
 KAFKA_SECURITY_PREFIX = "MICROBATCH_KAFKA_"
 LEDGER_CONN_ID = "microbatch_ledger"
 KAFKA_CONN_ID = "kafka_default"
+SCHEMA_REGISTRY_CONN_ID = "schema_registry_default"
 SPARK_CONNECT_DEFAULT_PORT = 15002  # Spark Connect's default gRPC port
 _SECURITY_FIELDS = ("security_protocol", "sasl_mechanism", "sasl_username", "sasl_password", "ssl_cafile")
 _SECURITY_EXTRA_KEYS = {"security.protocol": "security_protocol", "sasl.mechanism": "sasl_mechanism",
@@ -206,6 +209,65 @@ def spark_remote(conn_id: str, lookup: Lookup | None = None) -> str:
             "default).",
         )
     return conn.url
+
+
+def schema_registry_url(lookup: Lookup | None = None, conn_id: str = SCHEMA_REGISTRY_CONN_ID) -> str:
+    """The root URL of a schema registry's Confluent-compatible API: `MICROBATCH_SCHEMA_REGISTRY_URL`, else (with a
+    lookup) the connection `conn_id`: its extra `url`, else its host (`HOST`, `http[s]://HOST[/PATH]`) and port;
+    its login and password, where set, become the URL's user info (basic authentication). Show it with
+    `redact_url`: it may hold that password."""
+    if os.environ.get(SCHEMA_REGISTRY_URL_ENV):
+        return os.environ[SCHEMA_REGISTRY_URL_ENV]
+    start = ("Start the local one with `make registry` (then `source .cache/devstack/env.sh`), or set it to the "
+             "registry's Confluent-compatible API, e.g. http://HOST:PORT/apis/ccompat/v7 for Apicurio.")
+    if lookup is None:
+        raise ConnectionSettingsError(
+            f"No schema registry is configured and no local one is running: {SCHEMA_REGISTRY_URL_ENV} is not set.",
+            fix=start)
+    conn = lookup(conn_id)
+    if conn is None:
+        raise ConnectionSettingsError(
+            f"The schema registry is not configured: neither {SCHEMA_REGISTRY_URL_ENV} nor the Airflow connection "
+            f"'{conn_id}' exists.",
+            fix=f"Create the connection '{conn_id}' (type http, extra {{\"url\": \"http://HOST:PORT/PATH\"}}, or host "
+            f"and port) or set {SCHEMA_REGISTRY_URL_ENV}. {start}")
+    url = _registry_url_of(conn)
+    if url is None:
+        raise ConnectionSettingsError(
+            f"The Airflow connection '{conn_id}' names no schema registry: it has neither an extra url nor a host.",
+            fix="Set its extra to {\"url\": \"http://HOST:PORT/PATH\"}, or its host and port.")
+    return url
+
+
+def _registry_url_of(conn: ConnectionFields) -> str | None:
+    """The registry URL a connection stands for, with its login and password as user info; None without a URL or
+    host."""
+    base = str(conn.extra.get("url") or "").strip() or (conn.host or "").strip()
+    if not base:
+        return None
+    scheme = conn.schema if conn.schema in ("http", "https") else "http"
+    parts = urlsplit(base if "://" in base else f"{scheme}://{base}")
+    netloc = parts.netloc
+    if conn.port and parts.port is None and not conn.extra.get("url"):
+        netloc = f"{netloc}:{conn.port}"
+    if conn.login and "@" not in netloc:
+        password = f":{quote(conn.password, safe='')}" if conn.password else ""
+        netloc = f"{quote(conn.login, safe='')}{password}@{netloc}"
+    return urlunsplit((parts.scheme, netloc, parts.path.rstrip("/"), parts.query, ""))
+
+
+def redact_url(url: str) -> str:
+    """`url` as logs and errors show it: scheme, host, port and path, without user info, query or fragment."""
+    try:
+        parts = urlsplit(url.strip())
+        host = parts.hostname
+        port = parts.port
+    except ValueError:
+        return "(unparseable)"
+    if not parts.scheme or not host:
+        return "(unparseable)"
+    host = f"[{host}]" if ":" in host else host
+    return f"{parts.scheme}://{host}{f':{port}' if port else ''}{parts.path}"
 
 
 METRICS_ENV_PREFIX = "MICROBATCH_METRICS_"

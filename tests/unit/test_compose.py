@@ -91,6 +91,23 @@ def test_spark_connect_service_is_wired_to_the_cluster_and_to_airflow():
         assert host_port(all_services[name]["environment"][SPARK_REMOTE_ENV]) == ("spark-connect", port)
 
 
+def test_the_schema_registry_service_runs_the_local_stacks_version_and_every_airflow_service_reaches_it():
+    from urllib.parse import urlsplit
+
+    from microbatch.dev.registry import APICURIO_VERSION, CCOMPAT_PATH
+    from microbatch.settings import SCHEMA_REGISTRY_URL_ENV
+
+    all_services = services()
+    registry = all_services["apicurio-registry"]
+    assert registry["image"] == f"apicurio/apicurio-registry-mem:{APICURIO_VERSION}"  # in memory, as locally
+    assert "ports" not in registry  # the compose network only (tests/unit/test_compose_security.py)
+    for name in AIRFLOW:
+        service = all_services[name]
+        url = urlsplit(service["environment"][SCHEMA_REGISTRY_URL_ENV])
+        assert (url.scheme, url.hostname, url.port, url.path) == ("http", "apicurio-registry", 8080, CCOMPAT_PATH)
+        assert service["depends_on"]["apicurio-registry"] == {"condition": "service_started"}
+
+
 def test_the_compose_scheduler_preloads_the_task_modules_as_the_local_stack_does():
     from microbatch.dev.airflow import PRELOAD
 

@@ -101,6 +101,16 @@ def test_one_documented_variable_opens_only_the_authenticated_ports():
     assert BIND_VARIABLE in page and BIND_VARIABLE in COMPOSE.read_text().split("services:")[0]
 
 
+def test_the_schema_registry_has_no_authentication_and_so_publishes_no_port():
+    text = COMPOSE.read_text()
+    registry = yaml.safe_load(text)["services"]["apicurio-registry"]
+    assert "ports" not in registry and "network_mode" not in registry
+    assert str((registry.get("environment") or {}).get("AUTH_ENABLED", "false")).lower() == "false"
+    # What opening it would take is written beside it: Apicurio's authentication is OIDC (Keycloak).
+    comment = text.split("  apicurio-registry:\n")[0].rsplit("\n\n", 1)[1]
+    assert "OIDC" in comment and "Keycloak" in comment and BIND_VARIABLE in comment
+
+
 def test_no_secret_has_a_default_and_compose_refuses_to_start_without_one():
     secret_variables = [(name, operator, text) for name, operator, text in variables() if SECRET_NAME.search(name)]
     assert secret_variables

@@ -19,7 +19,8 @@ SASL = {"bootstrap.servers": "b1:9093,b2:9093", "security.protocol": "SASL_PLAIN
 @pytest.fixture(autouse=True)
 def no_connection_variables(monkeypatch):
     for name in list(os.environ):
-        if name.startswith("MICROBATCH_KAFKA_") or name in (settings.LEDGER_URL_ENV, settings.SPARK_REMOTE_ENV):
+        if name.startswith("MICROBATCH_KAFKA_") or name in (settings.LEDGER_URL_ENV, settings.SPARK_REMOTE_ENV,
+                                                            settings.SCHEMA_REGISTRY_URL_ENV):
             monkeypatch.delenv(name)
 
 
@@ -107,3 +108,43 @@ def test_spark_remote_from_env_then_the_connection_url(monkeypatch):
         settings.spark_remote("sc")
     monkeypatch.setenv(settings.SPARK_REMOTE_ENV, "sc://env:1")
     assert settings.spark_remote("sc", lookup_of()) == "sc://env:1"
+
+
+def test_schema_registry_url_from_env_first_then_the_connections_url_then_its_host(monkeypatch):
+    by_url = lookup_of(schema_registry_default=ConnectionFields(
+        host="ignored", port=1, extra={"url": "https://reg.example:8443/apis/ccompat/v7/"}))
+    assert settings.schema_registry_url(by_url) == "https://reg.example:8443/apis/ccompat/v7"
+    by_host = lookup_of(schema_registry_default=ConnectionFields(host="reg", port=8081))
+    assert settings.schema_registry_url(by_host) == "http://reg:8081"
+    with_path = lookup_of(other=ConnectionFields(host="https://reg/apis/ccompat/v7", port=8443))
+    assert settings.schema_registry_url(with_path, "other") == "https://reg:8443/apis/ccompat/v7"
+    scheme = lookup_of(schema_registry_default=ConnectionFields(host="reg", port=443, schema="https"))
+    assert settings.schema_registry_url(scheme) == "https://reg:443"
+    monkeypatch.setenv(settings.SCHEMA_REGISTRY_URL_ENV, "http://127.0.0.1:8080/apis/ccompat/v7")
+    for lookup in (None, by_url, by_host, lookup_of()):
+        assert settings.schema_registry_url(lookup) == "http://127.0.0.1:8080/apis/ccompat/v7"
+
+
+def test_schema_registry_credentials_go_into_the_url_and_never_into_what_is_shown():
+    conn = ConnectionFields(host="reg", port=8081, login="etl", password="p@ss/w:rd")
+    url = settings.schema_registry_url(lookup_of(schema_registry_default=conn))
+    assert url == "http://etl:p%40ss%2Fw%3Ard@reg:8081"
+    assert settings.redact_url(url) == "http://reg:8081"
+    assert settings.redact_url("https://u:secret@[::1]:8443/apis/ccompat/v7?token=t#x") == \
+        "https://[::1]:8443/apis/ccompat/v7"
+    assert settings.redact_url("not a url") == "(unparseable)"
+    given = ConnectionFields(extra={"url": "https://own:creds@reg/api"}, login="other", password="x")
+    assert settings.schema_registry_url(lookup_of(schema_registry_default=given)) == "https://own:creds@reg/api"
+
+
+def test_schema_registry_errors_say_what_to_set_or_start():
+    with pytest.raises(ConnectionSettingsError, match="no local one is running: MICROBATCH_SCHEMA_REGISTRY_URL is "
+                                                      "not set") as no_lookup:
+        settings.schema_registry_url()
+    assert "make registry" in str(no_lookup.value)
+    with pytest.raises(ConnectionSettingsError, match="neither MICROBATCH_SCHEMA_REGISTRY_URL nor the Airflow "
+                                                      "connection 'schema_registry_default' exists") as missing:
+        settings.schema_registry_url(lookup_of())
+    assert "make registry" in str(missing.value)
+    with pytest.raises(ConnectionSettingsError, match="'schema_registry_default' names no schema registry"):
+        settings.schema_registry_url(lookup_of(schema_registry_default=ConnectionFields(port=8081)))

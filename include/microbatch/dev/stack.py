@@ -1,10 +1,11 @@
-"""The detached local stack of `make demo`, `make airflow` and `make connect`: which services run, on
-which ports, and how to stop every process they started. Each service is a module of its own beside
-this one (kafka.py, postgres.py, spark.py, airflow.py); the jars come from `microbatch.runtime`.
+"""The detached local stack of `make demo`, `make airflow`, `make connect` and `make registry`: which services
+run, on which ports, and how to stop every process they started. Each service is a module of its own beside
+this one (kafka.py, postgres.py, spark.py, registry.py, airflow.py); the jars come from `microbatch.runtime`.
 
-`python -m microbatch.dev.stack up|connect|down|cluster|env|jars` manages a detached stack for the demo and the UI;
-`connect` adds a Spark Connect server for pipelines in `spark.mode: connect`; `make airflow` records its
-`airflow standalone` here (`record_airflow`), and `down` stops all of it.
+`python -m microbatch.dev.stack up|connect|registry|down|cluster|env|jars` manages a detached stack for the demo and
+the UI; `connect` adds a Spark Connect server for pipelines in `spark.mode: connect`, `registry` a schema registry
+(Apicurio, in memory); `make airflow` records its `airflow standalone` here (`record_airflow`), and `down` stops all
+of it. `jars` also fetches the registry's distribution.
 """
 
 from __future__ import annotations
@@ -24,9 +25,10 @@ from pathlib import Path
 from microbatch.dev.kafka import KafkaBroker, KafkaCluster
 from microbatch.dev.postgres import DATABASE, LocalPostgres
 from microbatch.dev.process import port_open, wait_until
+from microbatch.dev.registry import PROCESS_MARKER, SchemaRegistry, answers, ensure_registry
 from microbatch.dev.spark import SparkConnectServer
 from microbatch.runtime import JAR_KINDS, cache_dir, ensure_jars
-from microbatch.settings import SPARK_REMOTE_ENV
+from microbatch.settings import SCHEMA_REGISTRY_URL_ENV, SPARK_REMOTE_ENV
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +68,7 @@ def _save_state(state: dict) -> None:
 
 
 _CONNECT_KEYS = ("connect_port", "connect_pid", "connect_token")
+_REGISTRY_KEYS = ("registry_port", "registry_pid")
 _AIRFLOW_KEYS = ("airflow_pid", "airflow_pgid", "airflow_started", "airflow_home")
 
 
@@ -90,8 +93,11 @@ def up() -> dict[str, str]:
     connect = {key: state[key] for key in _CONNECT_KEYS if key in state}
     if connect and _connect_alive(state):
         env[SPARK_REMOTE_ENV] = state["env"][SPARK_REMOTE_ENV]
+    registry_state = {key: state[key] for key in _REGISTRY_KEYS if key in state}
+    if _registry_alive(state) and SCHEMA_REGISTRY_URL_ENV in state.get("env", {}):
+        env[SCHEMA_REGISTRY_URL_ENV] = state["env"][SCHEMA_REGISTRY_URL_ENV]
     state = {"kafka_port": broker.port, "controller_port": broker.controller_port, "kafka_pid": broker.pid,
-             "postgres_port": postgres.port, "postgres_pid": postgres.pid, **connect,
+             "postgres_port": postgres.port, "postgres_pid": postgres.pid, **connect, **registry_state,
              **{key: state[key] for key in _AIRFLOW_KEYS if key in state}, "stack_id": stack_id, "env": env}
     _save_state(state)
     print(f"local stack up: Kafka {broker.bootstrap_servers}, PostgreSQL 127.0.0.1:{postgres.port}")
@@ -183,16 +189,56 @@ def restart_dead_connect(remote: str) -> bool:
 
 def _stop_connect(state: dict) -> None:
     """Stop the recorded Spark Connect server (its whole process group: spark-submit and the JVM)."""
-    pid = state.get("connect_pid")
-    if not pid or not _is_connect_server(pid):
+    _stop_group(state.get("connect_pid"), b"SparkConnectServer", "Spark Connect server")
+
+
+def _stop_group(pid: int | None, marker: bytes, what: str) -> None:
+    """SIGTERM the process group that `pid` leads while `pid` is still the process whose command line holds `marker`,
+    then SIGKILL it if it has not ended after 30 s."""
+    if not pid or not _runs(pid, marker):
         return
     with contextlib.suppress(ProcessLookupError):
         os.killpg(pid, signal.SIGTERM)
     try:
-        wait_until(lambda: not _is_connect_server(pid), 30, "Spark Connect server shutdown")
+        wait_until(lambda: not _runs(pid, marker), 30, f"{what} shutdown")
     except RuntimeError:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(pid, signal.SIGKILL)
+
+
+def _registry_alive(state: dict) -> bool:
+    pid, port = state.get("registry_pid"), state.get("registry_port")
+    return bool(pid and port) and _runs(pid, PROCESS_MARKER) and port_open(port)
+
+
+def registry() -> str:
+    """Start a detached schema registry (Apicurio, in memory) under `.cache/devstack/registry` on its recorded port if
+    that is free (or reuse a live one), record its port and pid in the stack's state, export its URL in env.sh as
+    `MICROBATCH_SCHEMA_REGISTRY_URL`, and return it. Its schemas live as long as its process: `make down` loses them."""
+    state = _load_state()
+    url = state.get("env", {}).get(SCHEMA_REGISTRY_URL_ENV)
+    if _registry_alive(state) and url and answers(url):
+        print(f"schema registry already up on {url} (pid {state['registry_pid']})")
+    else:
+        _stop_registry(state)
+        state["stack_id"] = _mark_stack(state)
+        port = state.get("registry_port")
+        server = SchemaRegistry(cache_dir() / "devstack" / "registry",
+                                port=port if port and not port_open(port) else None)
+        server.start()
+        url = server.url
+        state = {**_load_state(), "stack_id": state["stack_id"], "registry_port": server.port,
+                 "registry_pid": server.pid}
+        state["env"] = {**state.get("env", {}), SCHEMA_REGISTRY_URL_ENV: url}
+        _save_state(state)
+        print(f"schema registry (Apicurio, in memory) up on {url}; log: {server.log_file}")
+    print(f"source {cache_dir() / 'devstack' / 'env.sh'}   # exports {SCHEMA_REGISTRY_URL_ENV}")
+    return url
+
+
+def _stop_registry(state: dict) -> None:
+    """Stop the recorded schema registry (its process group: the JVM leads it)."""
+    _stop_group(state.get("registry_pid"), PROCESS_MARKER, "schema registry")
 
 
 def record_airflow() -> None:
@@ -209,8 +255,8 @@ def record_airflow() -> None:
 
 def down() -> None:
     """Stop everything the stack started: `airflow standalone` and every process it started, the Spark
-    Connect server, Kafka and PostgreSQL, then any process left that carries the stack's id. Guarantees
-    that no process of the stack runs when it returns (SIGTERM first, SIGKILL after a timeout)."""
+    Connect server, the schema registry, Kafka and PostgreSQL, then any process left that carries the stack's id.
+    Guarantees that no process of the stack runs when it returns (SIGTERM first, SIGKILL after a timeout)."""
     state = _load_state()
     stopped = _stop_processes(_airflow_processes(state), timeout=30)
     if stopped:
@@ -218,14 +264,17 @@ def down() -> None:
     if not state:
         return
     _stop_connect(state)
+    _stop_registry(state)
     if state.get("kafka_port"):
         _stop_kafka_and_postgres(state)
     # Whatever left the trees above (a spark-submit orphaned by a killed task, a stray backend) goes too.
     if state.get("stack_id"):
         _stop_processes(_processes_with_env({STACK_ID_ENV: state["stack_id"]}), timeout=20)
     # The ports stay recorded, so the next `up`/`connect` reuses the exported addresses.
-    _save_state({key: value for key, value in state.items() if key not in ("connect_pid", *_AIRFLOW_KEYS)}
-                | {"env": {k: v for k, v in state.get("env", {}).items() if k != SPARK_REMOTE_ENV}})
+    _save_state({key: value for key, value in state.items()
+                 if key not in ("connect_pid", "registry_pid", *_AIRFLOW_KEYS)}
+                | {"env": {k: v for k, v in state.get("env", {}).items()
+                           if k not in (SPARK_REMOTE_ENV, SCHEMA_REGISTRY_URL_ENV)}})
     print("local stack stopped")
 
 
@@ -363,6 +412,8 @@ def main(argv: list[str]) -> int:
         up()
     elif command == "connect":
         connect()
+    elif command == "registry":
+        registry()
     elif command == "down":
         down()
     elif command == "cluster":
@@ -372,8 +423,9 @@ def main(argv: list[str]) -> int:
     elif command == "jars":
         for kind in JAR_KINDS:
             print(f"{kind} jars: {ensure_jars(kind)}")
+        print(f"schema registry: {ensure_registry()}")
     else:
-        print("usage: python -m microbatch.dev.stack up|connect|down|cluster|env|jars", file=sys.stderr)
+        print("usage: python -m microbatch.dev.stack up|connect|registry|down|cluster|env|jars", file=sys.stderr)
         return 2
     return 0
 
