@@ -5,7 +5,7 @@ this one (kafka.py, postgres.py, spark.py, registry.py, airflow.py); the jars co
 `python -m microbatch.dev.stack up|connect|registry|down|cluster|env|jars` manages a detached stack for the demo and
 the UI; `connect` adds a Spark Connect server for pipelines in `spark.mode: connect`, `registry` a schema registry
 (Apicurio, in memory); `make airflow` records its `airflow standalone` here (`record_airflow`), and `down` stops all
-of it. `jars` also fetches the registry's distribution.
+of it. The registry's first start fetches its distribution (no shipped pipeline needs it yet).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from pathlib import Path
 from microbatch.dev.kafka import KafkaBroker, KafkaCluster
 from microbatch.dev.postgres import DATABASE, LocalPostgres
 from microbatch.dev.process import port_open, wait_until
-from microbatch.dev.registry import PROCESS_MARKER, SchemaRegistry, answers, ensure_registry
+from microbatch.dev.registry import PROCESS_MARKER, SchemaRegistry, answers
 from microbatch.dev.spark import SparkConnectServer
 from microbatch.runtime import JAR_KINDS, cache_dir, ensure_jars
 from microbatch.settings import SCHEMA_REGISTRY_URL_ENV, SPARK_REMOTE_ENV
@@ -423,7 +423,6 @@ def main(argv: list[str]) -> int:
     elif command == "jars":
         for kind in JAR_KINDS:
             print(f"{kind} jars: {ensure_jars(kind)}")
-        print(f"schema registry: {ensure_registry()}")
     else:
         print("usage: python -m microbatch.dev.stack up|connect|registry|down|cluster|env|jars", file=sys.stderr)
         return 2
