@@ -63,7 +63,7 @@ def runs(values):
     from pydantic import TypeAdapter
     from pyspark.sql import functions as F
 
-    from microbatch.formats.record import decode_record
+    from microbatch.formats.record import decode_record, select_decoded
     from microbatch.formats.registry import FormatSpecs, format_for
 
     adapter = TypeAdapter(FormatSpecs)
@@ -80,8 +80,7 @@ def runs(values):
 
     def platform():
         decoded = decode_record(raw, json_format, F.lit(None).cast("binary"), F.col("value"))
-        return values.select("value", *[c.alias(name) for name, c in decoded.columns.items()],
-                             decoded.reason.alias("reason"))
+        return select_decoded(values, decoded, decoded.reason, "reason")
 
     return {"scan": lambda: values.select("value"), "hand": hand, "platform": platform,
             "parse": lambda: values.select("value", F.try_parse_json(text).isNull().alias("not_json"))}
