@@ -10,10 +10,11 @@ sink, so nothing is pruned:
 - `scan`: the cached values alone (what every run pays before decoding);
 - `hand`: `from_json(value::string, 'payment_id string, ..., ts timestamp')` and an error column where a required
   field is null, as spark_jobs/clicks.py does;
-- `platform`: `decode_record(raw, json, key, value)`, the columns and the reason of the spec
-  `{format: json, fields: {...}, required: [payment_id, amount_cents]}`;
-- `parse`: `try_parse_json(value::string)` alone, the pass the platform adds to refuse what from_json accepts
-  (repeated keys, lone surrogates).
+- `platform`: `decode_record(raw, json, key, value)` applied as the stage applies it (`select_decoded`: its layers
+  of helpers, then the columns and the reason) for the spec `{format: json, fields: {...}, required: [payment_id,
+  amount_cents]}`;
+- `parse`: `try_parse_json(value::string)` alone, for scale: the platform parses only the records its `from_json`
+  pass does not vouch for (the bad ones here).
 
     PYTHONPATH=include:. .venv/bin/python bench/decode.py --records 1000000 --reps 7
 """
