@@ -53,6 +53,7 @@ REPEATED = [  # a repeated key is no error: its last value is the field's, at an
     b'{"s": "a", "b": 2, "b": "x"}', b'{"s": 5, "b": 1, "s": "c", "tags": ["x"], "tags": [1]}',
     b'{"s": "a", "b": 1, "b": null}',
     b'{"s": "a", "b": 1, "tags": [{"k": 1, "k": 2}]}', b'{"s": "\\\\ud800", "b": 1, "s": "x"}',
+    b'{"s": "\\ud800", "b": 1, "s": "x"}',  # a lone surrogate is not JSON, though a later value replaces it
 ]
 MISSING = [{"b": 1}, {"s": "x"}, {}, {"s": None, "b": 1}, {"s": "x", "b": None, "i": "wrong"}]
 
@@ -60,6 +61,13 @@ MISSING = [{"b": 1}, {"s": "x"}, {}, {"s": None, "b": 1}, {"s": "x", "b": None, 
 def values() -> list[bytes | None]:
     wrong = [json.dumps({**BASE, name: bad}).encode() for name, bads in WRONG.items() for bad in bads]
     return [*(json.dumps(v).encode() for v in [*GOOD, *MISSING]), *wrong, *BAD_DOCUMENTS, *REPEATED, None]
+
+
+def _last_wins(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """An object as the json format reads it: a repeated key's last value, but each value checked (`_unicode`)."""
+    for pair in pairs:
+        _unicode(list(pair))
+    return dict(pairs)
 
 
 def _refuse(constant: str) -> None:
@@ -76,9 +84,9 @@ def _unicode(v: Any) -> None:
 
 
 def load(text: str) -> Any:
-    """JSON as the json format reads it: a repeated key's last value (as Python's), no NaN or Infinity, no lone
-    surrogate; numbers exact."""
-    document = json.loads(text, parse_constant=_refuse, parse_float=Decimal)
+    """JSON as the json format reads it: a repeated key's last value, no NaN or Infinity, no lone surrogate (in a
+    replaced value too); numbers exact."""
+    document = json.loads(text, object_pairs_hook=_last_wins, parse_constant=_refuse, parse_float=Decimal)
     try:
         _unicode(document)
     except UnicodeEncodeError as exc:
