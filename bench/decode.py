@@ -10,10 +10,11 @@ sink, so nothing is pruned:
 - `scan`: the cached values alone (what every run pays before decoding);
 - `hand`: `from_json(value::string, 'payment_id string, ..., ts timestamp')` and an error column where a required
   field is null, as spark_jobs/clicks.py does;
-- `platform`: `decode_record(raw, json, key, value)`, the columns and the reason of the spec
-  `{format: json, fields: {...}, required: [payment_id, amount_cents]}`;
-- `parse`: `try_parse_json(value::string)` alone, the pass the platform adds to refuse what from_json accepts
-  (repeated keys, lone surrogates).
+- `platform`: `decode_record(raw, json, key, value)` applied as the stage applies it (`select_decoded`: its layers
+  of helpers, then the columns and the reason) for the spec `{format: json, fields: {...}, required: [payment_id,
+  amount_cents]}`;
+- `parse`: `try_parse_json(value::string)` alone, for scale: the platform parses only the records its `from_json`
+  pass does not vouch for (the bad ones here).
 
     PYTHONPATH=include:. .venv/bin/python bench/decode.py --records 1000000 --reps 7
 """
@@ -63,7 +64,7 @@ def runs(values):
     from pydantic import TypeAdapter
     from pyspark.sql import functions as F
 
-    from microbatch.formats.record import decode_record
+    from microbatch.formats.record import decode_record, select_decoded
     from microbatch.formats.registry import FormatSpecs, format_for
 
     adapter = TypeAdapter(FormatSpecs)
@@ -80,8 +81,7 @@ def runs(values):
 
     def platform():
         decoded = decode_record(raw, json_format, F.lit(None).cast("binary"), F.col("value"))
-        return values.select("value", *[c.alias(name) for name, c in decoded.columns.items()],
-                             decoded.reason.alias("reason"))
+        return select_decoded(values, decoded, decoded.reason, "reason")
 
     return {"scan": lambda: values.select("value"), "hand": hand, "platform": platform,
             "parse": lambda: values.select("value", F.try_parse_json(text).isNull().alias("not_json"))}

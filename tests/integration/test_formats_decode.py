@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from pydantic import TypeAdapter
 
-from microbatch.formats.record import decode_record
+from microbatch.formats.record import decode_record, select_decoded
 from microbatch.formats.registry import FormatSpecs, format_for
 
 pytestmark = pytest.mark.integration
@@ -44,21 +44,29 @@ GOOD = [
     {"s": "true", "b": 6, "d": 1.7976931348623157e308}, {"s": "[x", "b": 7}, {"s": "{", "b": 8}, {"s": "-", "b": 9},
 ]
 BAD_DOCUMENTS = [b"not json", b'{"s": "a", "b":', b"[1, 2]", b'"text"', b"null", b"42", b'{"s": "\xff", "b": 1}',
-                 b"\xc3\x28", b"", b"  ", b'{"s": "a", "b": 1, "s": "b"}', b'{"s": "a", "b": 1, "x": {"y": 1, "y": 2}}',
+                 b"\xc3\x28", b"", b"  ",
                  b'{"s": "\\ud800", "b": 1}', b'{"s": "a", "b": 1, "x": ["\\udc00"]}', b"{'s': 'a', 'b': 1}",
                  b'{"s": "a", "b": 1, "d": NaN}', b'{"s": "a", "b": 1, "d": Infinity}', b'{"s": "a", "b": 01}',
                  b'{"s": "\\ud83d\\ude00", "b": 1, "amount": 0.125, "d": 123456789012345678901234567890}']
+REPEATED = [  # a repeated key is no error: its last value is the field's, at any depth
+    b'{"s": "a", "b": 1, "s": "b"}', b'{"s": "a", "b": 1, "x": {"y": 1, "y": 2}}', b'{"s": "a", "b": "x", "b": 2}',
+    b'{"s": "a", "b": 2, "b": "x"}', b'{"s": 5, "b": 1, "s": "c", "tags": ["x"], "tags": [1]}',
+    b'{"s": "a", "b": 1, "b": null}',
+    b'{"s": "a", "b": 1, "tags": [{"k": 1, "k": 2}]}', b'{"s": "\\\\ud800", "b": 1, "s": "x"}',
+    b'{"s": "\\ud800", "b": 1, "s": "x"}',  # a lone surrogate is not JSON, though a later value replaces it
+]
 MISSING = [{"b": 1}, {"s": "x"}, {}, {"s": None, "b": 1}, {"s": "x", "b": None, "i": "wrong"}]
 
 
 def values() -> list[bytes | None]:
     wrong = [json.dumps({**BASE, name: bad}).encode() for name, bads in WRONG.items() for bad in bads]
-    return [*(json.dumps(v).encode() for v in [*GOOD, *MISSING]), *wrong, *BAD_DOCUMENTS, None]
+    return [*(json.dumps(v).encode() for v in [*GOOD, *MISSING]), *wrong, *BAD_DOCUMENTS, *REPEATED, None]
 
 
-def _unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    if len({key for key, _ in pairs}) < len(pairs):
-        raise ValueError("an object repeats a key")
+def _last_wins(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """An object as the json format reads it: a repeated key's last value, but each value checked (`_unicode`)."""
+    for pair in pairs:
+        _unicode(list(pair))
     return dict(pairs)
 
 
@@ -76,8 +84,9 @@ def _unicode(v: Any) -> None:
 
 
 def load(text: str) -> Any:
-    """JSON as Spark's parser reads it: no repeated key, no NaN or Infinity, no lone surrogate; numbers exact."""
-    document = json.loads(text, object_pairs_hook=_unique, parse_constant=_refuse, parse_float=Decimal)
+    """JSON as the json format reads it: a repeated key's last value, no NaN or Infinity, no lone surrogate (in a
+    replaced value too); numbers exact."""
+    document = json.loads(text, object_pairs_hook=_last_wins, parse_constant=_refuse, parse_float=Decimal)
     try:
         _unicode(document)
     except UnicodeEncodeError as exc:
@@ -154,8 +163,9 @@ def decode(spark, keys: list[bytes | None], data: list[bytes | None], key: objec
     records = spark.createDataFrame(list(enumerate(zip(keys, data, strict=True))),
                                     "n int, kv struct<key: binary, value: binary>").select("n", "kv.*")
     decoded = decode_record(*formats(key, value), F.col("key"), F.col("value"))
-    columns = [(F.unix_micros(c) if name == "ts" else c).alias(name) for name, c in decoded.columns.items()]
-    return records.select("n", "key", "value", *columns, decoded.reason.alias("reason")).orderBy("n").collect()
+    columns = [F.unix_micros(F.col(name)).alias(name) if name == "ts" else name for name in decoded.columns]
+    return select_decoded(records, decoded, decoded.reason, "reason").select(
+        "n", "key", "value", *columns, "reason").orderBy("n").collect()
 
 
 def test_json_values_decode_to_the_declared_types_and_bad_ones_name_the_field(spark):
@@ -169,7 +179,8 @@ def test_json_values_decode_to_the_declared_types_and_bad_ones_name_the_field(sp
         assert {name: row[name] for name in FIELDS} == columns, raw
         assert row["reason"] == reason, raw
     reasons = [row["reason"] for row in rows]
-    assert sum(r is None for r in reasons) == len(GOOD) + 2  # the good ones, the tombstone, the emoji
+    # the good ones, the tombstone, the emoji, four of the repeated keys
+    assert sum(r is None for r in reasons) == len(GOOD) + 2 + 4
     assert "value field 'amount' is not a decimal(10,2)" in reasons and "value field 'tags' is not an array<string>" \
         in reasons and "value field 'i' is not an int; value field 'b' is null but required" in reasons
 

@@ -9,7 +9,7 @@ no Python loop over rows). `pins` says what a replay must hold fixed to decode t
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar, Generic, TypeVar
 
 from pydantic import BaseModel, ConfigDict
@@ -33,10 +33,18 @@ SpecT = TypeVar("SpecT", bound=FormatSpec)
 class Decoded:
     """The decode of one binary column: `columns` in the order and with the types of `Format.columns()`, and
     `reason`, a string that is null for a record the format reads, else names the column or field and what is
-    wrong. A null input (a tombstone's value, a record without a key) decodes to nulls and is never bad."""
+    wrong. A null input (a tombstone's value, a record without a key) decodes to nulls and is never bad.
+
+    `helpers`: columns computed before `columns` and `reason`, one select a layer, in order (each layer may use the
+    record's columns and the earlier layers' names; `formats.record.select_decoded` adds them, then drops them).
+    A layer is a Project of its own, so what a later expression uses several times is computed once a record:
+    Spark shares no subexpression inside a CASE branch. `sql_conf`: the session's SQL settings the decode relies
+    on."""
 
     columns: dict[str, Column]
     reason: Column
+    helpers: tuple[dict[str, Column], ...] = ()
+    sql_conf: dict[str, str] = field(default_factory=dict)
 
 
 class Format(ABC, Generic[SpecT]):

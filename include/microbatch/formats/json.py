@@ -1,7 +1,7 @@
 """`json`: a JSON object whose declared fields become typed columns.
 
-The value is parsed once into a VARIANT (`try_parse_json`); each declared field is looked up in it by its JSON
-name, so the decode tells apart what `from_json` cannot:
+The strict path parses the value into a VARIANT (`try_parse_json`); each declared field is looked up in it by its
+JSON name, so the decode tells apart what `from_json` cannot:
 
 - **absent** (`try_variant_get(doc, path, 'variant')` is SQL null) or JSON `null` (`is_variant_null`): the
   column is null; a `required` field makes the record bad ("value lacks the required field 'id'", "value field
@@ -15,16 +15,19 @@ float, double: any number; decimal(p,s): any number whose integer part fits p-s 
 places as Spark's cast does; date, timestamp, timestamp_ntz: a string that Spark's cast reads (ISO-8601; a
 timestamp without an offset is in the session time zone); array<T>, map<string,T>, struct<...>: an array or
 object whose every non-null element or field fits; variant: anything. A value that is not valid UTF-8, not JSON
-(Spark's parser also refuses an object that repeats a key) or not a JSON object makes the record bad as a whole.
-Undeclared fields are ignored.
+(a lone surrogate escape included) or not a JSON object makes the record bad as a whole. An object that repeats
+a key, at any depth, is read with the last value of that key, as `from_json` does (`SQL_CONF`: parse_json keeps
+the last one too, where otherwise it would refuse the value). Undeclared fields are ignored.
 
 Fast path: `from_json` (one Jackson pass; strings, dates and timestamps read as text, booleans, integers and
-doubles as declared, other types as a VARIANT) decodes a record whose every field it can vouch for: parse_json
-also accepts the document (no repeated key, no lone surrogate), nothing failed to convert, no required field is
-missing, and no text read into a string could be a number's, true's, false's, an array's or an object's; only the
-other records (bad ones, or e.g. a string field holding "12") take the VARIANT checks above, in a CASE branch that
-Spark evaluates for them alone (once a column: Spark shares no subexpression holding a lambda). The parse_json
-pass that refuses repeated keys costs about as much again as from_json (docs/performance.md).
+doubles as declared, other types as a VARIANT) decodes a record whose every field it can vouch for: the value is
+valid UTF-8 with no `\\u` escape of a surrogate (which from_json would read, parse_json refuses), nothing failed
+to convert, no required field is missing, and no text read into a string could be a number's, true's, false's, an
+array's or an object's. Only the other records (bad ones, or e.g. a string field holding "12") are parsed into a
+VARIANT and checked as above. The decode is in layers (`Decoded.helpers`, one select each: the fast path; the
+document, parsed only for a record the fast path does not vouch for; each field's element; its checks; its column
+and problem), so that each is computed once a record: Spark shares no subexpression inside a CASE branch, and a
+lambda would keep the whole projection out of whole-stage code generation (docs/performance.md).
 tests/integration/test_formats_decode.py checks both paths give the same decode.
 """
 
@@ -57,7 +60,11 @@ _FROM_JSON_OPTIONS = {"mode": "PERMISSIVE", "allowSingleQuotes": "false", "allow
 """from_json's leniencies that parse_json does not have, turned off (a record the two disagree on is not vouched)."""
 _NOT_A_STRING = r"^-?[0-9]+(\.[0-9]+)?([eE][+-]?[0-9]+)?$"
 """The text from_json gives a JSON number read into a string field."""
-_REASON = "#reason"
+_SURROGATE_ESCAPE = r"\\u[dD][89a-fA-F]"
+"""An escape of a UTF-16 surrogate (or a text with an escaped backslash before "ud8"): from_json reads a lone one,
+parse_json refuses it, so such a value takes the strict path."""
+SQL_CONF = {"spark.sql.variant.allowDuplicateKeys": "true"}
+"""parse_json keeps the last of a repeated key, as from_json does (Spark reads it when it plans the query)."""
 
 
 class JsonField(BaseModel):
@@ -215,13 +222,45 @@ class JsonFormat(Format[JsonSpec]):
         return {name: field.type for name, field in self.spec.fields.items()}
 
     def decode(self, data: Column, subject: str) -> Decoded:
+        """The fast path's decode where it vouches for the record, else the strict path's; each in layers of helpers
+        (`Decoded.helpers`), so that a record's document, each field's element and each check is computed once."""
         from pyspark.sql import functions as F
 
-        document = F.try_parse_json(F.when(F.is_valid_utf8(data), data.cast("string")))
-        vouched, fast = self._fast_path(data, document)
-        decoded = F.when(vouched, fast).otherwise(self._strict_path(data, document, subject))
-        return Decoded(columns={name: decoded.getField(name) for name in self.spec.fields},
-                       reason=decoded.getField(_REASON))
+        def helper(what: str) -> str:
+            return f"__mb_{subject}_{what}"
+
+        fields = list(self.spec.fields.items())
+        vouched, fast = self._fast_path(data, self._from_json(data))
+        vouched_column = F.col(helper("vouched"))
+        document = F.try_parse_json(F.when(~vouched_column & F.is_valid_utf8(data), data.cast("string")))
+        doc = F.col(helper("document"))
+        elements = {helper(f"element{i}"): F.try_variant_get(doc, _path(field.json_name or name), "variant")
+                    for i, (name, field) in enumerate(fields)}
+        elements[helper("object")] = F.try_variant_get(doc, "$", "struct<>").isNotNull()
+        checks, judged, columns, problems = {}, {}, {}, []
+        for i, (name, field) in enumerate(fields):
+            element = F.col(helper(f"element{i}"))
+            checks[helper(f"fits{i}")] = fits(element, field.sql_type)
+            checks[helper(f"value{i}")] = element if field.sql_type.name == "variant" \
+                else F.try_variant_get(element, "$", field.type)
+            absent, null, good = element.isNull(), F.is_variant_null(element), F.col(helper(f"fits{i}"))
+            judged[helper(f"strict{i}")] = F.when(~absent & ~null & good, F.col(helper(f"value{i}"))).cast(field.type)
+            problem = F.when(~absent & ~null & ~good,
+                             f"{subject} field '{name}' is not {field.sql_type.article} {field.type}")
+            if name in self.spec.required:
+                problem = (F.when(absent, f"{subject} lacks the required field '{name}'")
+                           .when(null, f"{subject} field '{name}' is null but required").otherwise(problem))
+            judged[helper(f"problem{i}")] = problem
+            columns[name] = F.when(vouched_column, F.col(helper(f"fast{i}"))).otherwise(F.col(helper(f"strict{i}")))
+            problems.append(F.col(helper(f"problem{i}")))
+        layers = ({helper("vouched"): vouched, **{helper(f"fast{i}"): column for i, column in enumerate(fast)}},
+                  {helper("document"): document}, elements, checks, judged)
+        reason = (F.when(vouched_column | data.isNull(), F.lit(None))
+                  .when(~F.is_valid_utf8(data), f"{subject} is not valid UTF-8")
+                  .when(doc.isNull(), f"{subject} is not JSON")
+                  .when(~F.col(helper("object")), f"{subject} is not a JSON object")
+                  .otherwise(F.when(F.coalesce(*problems).isNotNull(), F.concat_ws("; ", *problems))))
+        return Decoded(columns=columns, reason=reason.cast("string"), helpers=layers, sql_conf=SQL_CONF)
 
     def _reads(self) -> dict[str, str]:
         """How the fast path's `from_json` reads each declared JSON name: `text` (a string, a date or a
@@ -238,17 +277,30 @@ class JsonFormat(Format[JsonSpec]):
             reads[json_name] = read
         return reads
 
-    def _fast_path(self, data: Column, document: Column) -> tuple[Column, Column]:
-        """(whether `from_json` alone decodes the record as the strict path would, the decode it gives)."""
+    def _corrupt(self) -> str:
+        """The name of from_json's column of a record it cannot read: one no declared JSON name takes."""
+        reads = self._reads()
+        return next(name for name in (f"_unreadable{'_' * n}" for n in range(len(reads) + 1)) if name not in reads)
+
+    def _from_json(self, data: Column) -> Column:
+        """The fast path's one Jackson pass: each declared JSON name read as `_reads` says, and `_corrupt`."""
+        from pyspark.sql import functions as F
+
+        types = {json_name: _native_type(self.spec, json_name) if read == "native" else
+                 "string" if read == "text" else "variant" for json_name, read in self._reads().items()}
+        corrupt = self._corrupt()
+        schema = ", ".join(f"{_quote(json_name)} {kind}" for json_name, kind in [*types.items(), (corrupt, "string")])
+        return F.from_json(data.cast("string"), schema, {**_FROM_JSON_OPTIONS, "columnNameOfCorruptRecord": corrupt})
+
+    def _fast_path(self, data: Column, parsed: Column) -> tuple[Column, list[Column]]:
+        """(whether `parsed`, what `_from_json` read, decodes the record as the strict path would, never null; the
+        decode it gives, a column a declared field)."""
         from pyspark.sql import functions as F
 
         reads = self._reads()
-        corrupt = next(name for name in (f"_unreadable{'_' * n}" for n in range(len(reads) + 1)) if name not in reads)
-        types = {json_name: _native_type(self.spec, json_name) if read == "native" else
-                 "string" if read == "text" else "variant" for json_name, read in reads.items()}
-        schema = ", ".join(f"{_quote(json_name)} {kind}" for json_name, kind in [*types.items(), (corrupt, "string")])
-        parsed = F.from_json(data.cast("string"), schema, {**_FROM_JSON_OPTIONS, "columnNameOfCorruptRecord": corrupt})
-        checks = [data.isNotNull(), document.isNotNull(), parsed.isNotNull(), parsed.getField(corrupt).isNull()]
+        text = data.cast("string")
+        checks = [data.isNotNull(), parsed.isNotNull(), parsed.getField(self._corrupt()).isNull(),
+                  F.is_valid_utf8(data), ~(text.contains("\\u") & text.rlike(_SURROGATE_ESCAPE))]
         columns = []
         for name, field in self.spec.fields.items():
             kind = field.sql_type
@@ -271,54 +323,8 @@ class JsonFormat(Format[JsonSpec]):
                 checks.append(raw.isNotNull())
             if good is not None:
                 checks.append(good)
-            columns.append(value.cast(field.type).alias(name))
-        return _all(checks), F.struct(*columns, F.lit(None).cast("string").alias(_REASON))
-
-    def _strict_path(self, data: Column, document: Column, subject: str) -> Column:
-        """The decode by the declared semantics from the VARIANT: each field's JSON kind. Written as lambdas over
-        one-element arrays so that the document and each field's element and checks are computed once a record
-        (Spark's common-subexpression elimination does not reach into CASE branches)."""
-        from pyspark.sql import functions as F
-
-        fields = list(self.spec.fields.items())
-        valid_utf8 = F.is_valid_utf8(data)
-
-        def checked(doc: Column) -> Column:
-            elements = F.struct(*[F.try_variant_get(doc, _path(field.json_name or name), "variant").alias(f"e{i}")
-                                  for i, (name, field) in enumerate(fields)])
-            return F.transform(F.array(elements),
-                               lambda e: F.transform(F.array(judged(e)), lambda j: result(doc, j))[0])[0]
-
-        def judged(e: Column) -> Column:
-            judged_fields = []
-            for i, (_, field) in enumerate(fields):
-                element = e.getField(f"e{i}")
-                value = element if field.sql_type.name == "variant" else F.try_variant_get(element, "$", field.type)
-                judged_fields += [element.isNull().alias(f"absent{i}"), F.is_variant_null(element).alias(f"null{i}"),
-                                  fits(element, field.sql_type).alias(f"fits{i}"), value.alias(f"value{i}")]
-            return F.struct(*judged_fields)
-
-        def result(doc: Column, j: Column) -> Column:
-            columns, problems = [], []
-            for i, (name, field) in enumerate(fields):
-                present = ~j.getField(f"absent{i}") & ~j.getField(f"null{i}")
-                good = j.getField(f"fits{i}")
-                columns.append(F.when(present & good, j.getField(f"value{i}")).cast(field.type).alias(name))
-                problem = F.when(present & ~good,
-                                 f"{subject} field '{name}' is not {field.sql_type.article} {field.type}")
-                if name in self.spec.required:
-                    problem = (F.when(j.getField(f"absent{i}"), f"{subject} lacks the required field '{name}'")
-                               .when(j.getField(f"null{i}"), f"{subject} field '{name}' is null but required")
-                               .otherwise(problem))
-                problems.append(problem)
-            reason = (F.when(data.isNull(), F.lit(None))
-                      .when(~valid_utf8, f"{subject} is not valid UTF-8")
-                      .when(doc.isNull(), f"{subject} is not JSON")
-                      .when(F.try_variant_get(doc, "$", "struct<>").isNull(), f"{subject} is not a JSON object")
-                      .otherwise(F.when(F.coalesce(*problems).isNotNull(), F.concat_ws("; ", *problems))))
-            return F.struct(*columns, reason.cast("string").alias(_REASON))
-
-        return F.transform(F.array(document), checked)[0]
+            columns.append(value.cast(field.type))
+        return F.coalesce(_all(checks), F.lit(False)), columns
 
     def pins(self) -> dict[str, str]:
         declared = {"fields": [[name, field.type, field.json_name or name] for name, field in self.spec.fields.items()],

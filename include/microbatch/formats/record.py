@@ -8,13 +8,14 @@ stay as read, so a dead letter keeps the bytes the producer sent.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from itertools import zip_longest
 from typing import TYPE_CHECKING, Any
 
 from microbatch.formats.base import Format
 
 if TYPE_CHECKING:
-    from pyspark.sql import Column
+    from pyspark.sql import Column, DataFrame
 
 
 def column_name(side: str, fmt: Format[Any], name: str) -> str:
@@ -40,10 +41,13 @@ def decoded_columns(key: Format[Any], value: Format[Any]) -> dict[str, str]:
 @dataclass(frozen=True)
 class DecodedRecord:
     """`columns`: name -> the expression of each of `decoded_columns`; `reason`: null for a record whose key
-    and value both decode, else the reasons of both, joined by '; '."""
+    and value both decode, else the reasons of both, joined by '; '; `helpers` and `sql_conf`: both formats'
+    (`Decoded`), which `select_decoded` applies."""
 
     columns: dict[str, Column]
     reason: Column
+    helpers: tuple[dict[str, Column], ...] = ()
+    sql_conf: dict[str, str] = field(default_factory=dict)
 
 
 def decode_record(key: Format[Any], value: Format[Any], key_data: Column, value_data: Column) -> DecodedRecord:
@@ -52,13 +56,29 @@ def decode_record(key: Format[Any], value: Format[Any], key_data: Column, value_
 
     decoded_columns(key, value)  # refuses a clash before Spark reports an ambiguous column
     columns: dict[str, Column] = {}
-    reasons = []
-    for side, fmt, data in (("key", key, key_data), ("value", value, value_data)):
-        decoded = fmt.decode(data, side)
+    decodes = [fmt.decode(data, side) for side, fmt, data in (("key", key, key_data), ("value", value, value_data))]
+    for side, fmt, decoded in zip(("key", "value"), (key, value), decodes, strict=True):
         columns.update({column_name(side, fmt, name): column for name, column in decoded.columns.items()})
-        reasons.append(decoded.reason)
+    reasons = [decoded.reason for decoded in decodes]
+    helpers = tuple({name: column for layer in layers for name, column in layer.items()}
+                    for layers in zip_longest(*(decoded.helpers for decoded in decodes), fillvalue={}))
     # not nullif: Spark evaluates its argument in a Project of its own, which would decode the record twice
-    return DecodedRecord(columns=columns, reason=F.when(F.coalesce(*reasons).isNotNull(), F.concat_ws("; ", *reasons)))
+    return DecodedRecord(columns=columns, reason=F.when(F.coalesce(*reasons).isNotNull(), F.concat_ws("; ", *reasons)),
+                         helpers=helpers, sql_conf={k: v for decoded in decodes for k, v in decoded.sql_conf.items()})
+
+
+def select_decoded(records: DataFrame, decoded: DecodedRecord, reason: Column, reason_name: str) -> DataFrame:
+    """`records` and after them the decoded columns and `reason` (the decode's, or one built on it) named
+    `reason_name`. Sets the session's SQL settings the decode relies on (`decoded.sql_conf`, read when Spark plans
+    the query), then adds each layer of helpers with a select of its own and drops them at the end."""
+    for key, setting in decoded.sql_conf.items():
+        records.sparkSession.conf.set(key, setting)
+    with_helpers = records
+    for layer in decoded.helpers:
+        with_helpers = with_helpers.select("*", *[column.alias(name) for name, column in layer.items()])
+    helper_names = [name for layer in decoded.helpers for name in layer]
+    return with_helpers.select("*", *[column.alias(name) for name, column in decoded.columns.items()],
+                               reason.alias(reason_name)).drop(*helper_names)
 
 
 def record_key_columns(key: Format[Any]) -> dict[str, str]:

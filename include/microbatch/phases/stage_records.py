@@ -20,7 +20,7 @@ from pyspark.sql import functions as F
 
 from microbatch.config import SOURCE_COORDINATES, SourceSpec
 from microbatch.errors import StageFailedError
-from microbatch.formats.record import decode_record
+from microbatch.formats.record import decode_record, select_decoded
 from microbatch.transform import ERROR_COLUMN, HEADERS_COLUMN, LATE_COLUMN
 from microbatch.types import OffsetRange, TopicPartition
 
@@ -95,7 +95,7 @@ def decoded_records(records: DataFrame, source: SourceSpec, keyed_sinks: Sequenc
     """`records` (the Kafka records of the job contract) with the columns the spec's key and value formats
     decode (`formats/record.py`) after them and `DECODE_ERROR`, which with `keyed_sinks` (upsert sinks keyed by
     the record key) also refuses a record without a key; `records` as they are when both formats are `raw` and no
-    sink is keyed by the record key. One projection of the read: the decode runs in the read's pass."""
+    sink is keyed by the record key. Projections of the read: the decode runs in the read's pass."""
     if not (source.decodes or keyed_sinks):
         return records
     decoded = decode_record(source.key_format, source.value_format, F.col("key"), F.col("value"))
@@ -104,8 +104,7 @@ def decoded_records(records: DataFrame, source: SourceSpec, keyed_sinks: Sequenc
         keyless = (f"the record has no key, and the sink{'s' if len(keyed_sinks) > 1 else ''} "
                    f"{', '.join(keyed_sinks)} {'are' if len(keyed_sinks) > 1 else 'is'} keyed by the record key")
         reason = F.when(F.col("key").isNull(), F.lit(keyless)).otherwise(reason)
-    return records.select("*", *[column.alias(name) for name, column in decoded.columns.items()],
-                          reason.alias(DECODE_ERROR))
+    return select_decoded(records, decoded, reason, DECODE_ERROR)
 
 
 def is_tombstone() -> Column:
