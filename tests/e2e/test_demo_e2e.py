@@ -155,11 +155,11 @@ def _airflow_env(copy: Path, api_port: int) -> dict[str, str]:
             "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(free_port())}
 
 
-def _start_make_airflow(copy: Path, api_port: int, log_path: Path) -> subprocess.Popen:
+def _start_make_airflow(copy: Path, env: dict[str, str], log_path: Path) -> subprocess.Popen:
     with log_path.open("w") as log:
         return subprocess.Popen(["make", "-s", "--no-print-directory", "-C", str(copy), "-o", str(VENV / ".installed"),
-                                 f"VENV={VENV}", "airflow"], env=_airflow_env(copy, api_port), stdout=log,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+                                 f"VENV={VENV}", "airflow"], env=env, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
 
 
 def _stack_processes(state: dict, session: int | None) -> list[psutil.Process]:
@@ -250,13 +250,15 @@ def _window_counts(records: list, skip: set[tuple[int, int]], window: int = 5) -
     return counts, bad
 
 
-def _scheduled_run_under_make_airflow(copy: Path, airflow: subprocess.Popen, api_port: int, log_path: Path) -> None:
+def _scheduled_run_under_make_airflow(copy: Path, airflow: subprocess.Popen, airflow_env: dict[str, str],
+                                      log_path: Path) -> None:
     """`make airflow` on the demo's stack: sample lines, the shipped ip_count DAG unpaused and run by the scheduler
     (the shipped spec directory, no MICROBATCH_PIPELINES_DIR) as a client of the stack's Spark Connect server;
     meanwhile every socket of every process of the stack listens on 127.0.0.1 only, and no process's arguments,
     task log, `microbatch status`/`history`/`verify` output, ledger page (HTML, JSON), rendered template or `make
     connect` output holds a secret (the ledger password, the Connect token, Airflow's JWT secret and secret key)."""
     state_file = copy / ".cache" / "devstack" / "state.json"
+    api_port = int(airflow_env["AIRFLOW__API__PORT"])
 
     def log_tail() -> str:
         return log_path.read_text(errors="replace")[-4000:]
@@ -274,7 +276,7 @@ def _scheduled_run_under_make_airflow(copy: Path, airflow: subprocess.Popen, api
     home = Path(state["airflow_home"])
     assert home.is_relative_to(copy / ".cache") and "MICROBATCH_PIPELINES_DIR" not in stack
     api = Api(f"http://127.0.0.1:{api_port}", home)
-    env = {**_airflow_env(copy, api_port), **stack, "PYTHONPATH": f"{copy / 'include'}{os.pathsep}{copy}"}
+    env = {**airflow_env, **stack, "PYTHONPATH": f"{copy / 'include'}{os.pathsep}{copy}"}
     ledger = stack["MICROBATCH_LEDGER_URL"]
     with transaction(ledger) as session:
         before = session.execute(text("SELECT coalesce(max(id), 0) FROM batches")).scalar_one()
@@ -462,8 +464,9 @@ def test_make_demo_then_make_airflow_on_its_stack_keep_their_secrets_and_make_do
         assert not leaked, leaked
 
         # The README's Airflow path on the same stack: `make airflow`, a scheduled run, then `make down`.
-        airflow = _start_make_airflow(copy, api_port, tmp_path / "make-airflow.log")
-        _scheduled_run_under_make_airflow(copy, airflow, api_port, tmp_path / "make-airflow.log")
+        airflow_env = _airflow_env(copy, api_port)  # its log servers' ports, chosen once
+        airflow = _start_make_airflow(copy, airflow_env, tmp_path / "make-airflow.log")
+        _scheduled_run_under_make_airflow(copy, airflow, airflow_env, tmp_path / "make-airflow.log")
         state = json.loads((copy / ".cache" / "devstack" / "state.json").read_text())
         assert len(_stack_processes(state, airflow.pid)) > 10  # standalone's components, Kafka, PostgreSQL, Connect
         started = time.monotonic()

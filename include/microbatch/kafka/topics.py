@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterable
 
 from microbatch.config import OutputTopic, PipelineSpec
 from microbatch.kafka import clients
+from microbatch.kafka.offsets import offsets_client
 from microbatch.settings import KafkaSettings
 
 BROKER_DEFAULT = -1
@@ -20,12 +21,10 @@ BROKER_DEFAULT = -1
 
 
 def existing_topics(kafka: KafkaSettings, names: Iterable[str]) -> set[str]:
-    """Which of `names` the cluster has (its metadata, as any client sees it)."""
-    consumer = clients.consumer(kafka, client_id="microbatch-topics")
-    try:
+    """Which of `names` the cluster has (its metadata, as any client sees it). A cluster that refuses the login
+    or does not answer is one sentence (`offsets.broker_unreachable`), as for the source."""
+    with offsets_client(kafka, client_id="microbatch-topics") as consumer:
         known = consumer.topics()
-    finally:
-        consumer.close()
     return set(names) & known
 
 
