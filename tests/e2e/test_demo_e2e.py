@@ -37,6 +37,7 @@ import psutil
 import pytest
 from sqlalchemy import make_url, text
 
+from microbatch.dev.airflow import api_call, api_token
 from microbatch.dev.process import free_port, listening_sockets, port_open
 from microbatch.dev.stack import STACK_ID_ENV
 from microbatch.ledger.database import transaction
@@ -219,19 +220,9 @@ class Api:
     def text(self, method: str, path: str, body: dict | None = None) -> tuple[int, str]:
         if not self.token:
             password = json.loads((self.home / "simple_auth_manager_passwords.json.generated").read_text())["admin"]
-            request = urllib.request.Request(
-                f"{self.base}/auth/token", method="POST", headers={"Content-Type": "application/json"},
-                data=json.dumps({"username": "admin", "password": password}).encode())
-            with urllib.request.urlopen(request, timeout=20) as response:
-                self.token = json.loads(response.read())["access_token"]
-        request = urllib.request.Request(
-            f"{self.base}{path}", method=method, data=None if body is None else json.dumps(body).encode(),
-            headers={"Authorization": f"Bearer {self.token}", "Content-Type": "application/json"})
-        try:
-            with urllib.request.urlopen(request, timeout=30) as response:
-                return response.status, response.read().decode()
-        except urllib.error.HTTPError as exc:
-            return exc.code, exc.read().decode()
+            self.token = api_token(self.base, "admin", password)
+        code, answer = api_call(self.base, self.token, method, path, body)
+        return code, answer.decode()
 
 
 def _window_counts(records: list, skip: set[tuple[int, int]], window: int = 5) -> tuple[Counter, int]:

@@ -161,19 +161,9 @@ class AirflowStandalone:
     def api(self, method: str, path: str, body: dict | None = None) -> tuple[int, dict]:
         """Airflow's REST API as the admin user (a JWT from /auth/token)."""
         if not getattr(self, "token", None):
-            request = urllib.request.Request(
-                f"{self.base}/auth/token", method="POST", headers={"Content-Type": "application/json"},
-                data=json.dumps({"username": "admin", "password": self.admin_password}).encode())
-            with urllib.request.urlopen(request, timeout=20) as response:
-                self.token = json.loads(response.read())["access_token"]
-        request = urllib.request.Request(
-            f"{self.base}{path}", method=method, data=None if body is None else json.dumps(body).encode(),
-            headers={"Authorization": f"Bearer {self.token}", "Content-Type": "application/json"})
-        try:
-            with urllib.request.urlopen(request, timeout=20) as response:
-                return response.status, json.loads(response.read() or b"{}")
-        except urllib.error.HTTPError as exc:
-            return exc.code, json.loads(exc.read() or b"{}")
+            self.token = api_token(self.base, "admin", self.admin_password)
+        code, answer = api_call(self.base, self.token, method, path, body)
+        return code, json.loads(answer or b"{}")
 
     def stop(self) -> None:
         # standalone runs its components as its children, in the session it leads: stop exactly that group.
@@ -192,3 +182,25 @@ if __name__ == "__main__":
         serve_logs()
     else:
         sys.exit(run_standalone())
+
+
+def api_token(base: str, username: str, password: str) -> str:
+    """A JWT for Airflow's REST API at `base`, from its /auth/token (the simple auth manager's users)."""
+    request = urllib.request.Request(
+        f"{base}/auth/token", method="POST", headers={"Content-Type": "application/json"},
+        data=json.dumps({"username": username, "password": password}).encode())
+    with urllib.request.urlopen(request, timeout=20) as response:
+        return json.loads(response.read())["access_token"]
+
+
+def api_call(base: str, token: str, method: str, path: str, body: dict | None = None,
+             timeout: float = 30) -> tuple[int, bytes]:
+    """(status, body) of one request to Airflow's REST API at `base` with `token`; an HTTP error is an answer."""
+    request = urllib.request.Request(
+        f"{base}{path}", method=method, data=None if body is None else json.dumps(body).encode(),
+        headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
