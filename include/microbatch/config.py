@@ -207,14 +207,16 @@ class SourceSpec(_Strict):
     """Mirror the ledger into the consumer group after each commit, for lag tools only."""
     key: FormatSpecs = Field(default_factory=RawSpec)
     """The format of the record key (`formats/`): `raw` (the default: the `key` column's bytes as they are), `text`
-    (UTF-8 into `key_text`) or `json` with declared fields (each `key_<field>`). A key that its format cannot read
-    makes the record a dead letter whose reason names the field."""
+    (UTF-8 into `key_text`), `json` with declared fields (each `key_<field>`) or `avro` (the subject
+    `<topic>-key`). A key that its format cannot read makes the record a dead letter whose reason names the field."""
     value: FormatSpecs = Field(default_factory=RawSpec)
-    """The format of the record value: `raw` (the default: the job decodes `value` itself), `text` (`value_text`)
-    or `json` with declared fields (`fields: {payment_id: string, amount_cents: bigint}`, optional `required`),
-    each a typed column of the same name. The decode runs in the read's pass; a value that its format cannot read
-    (not JSON, a field of another type, a required field missing) is a dead letter whose reason names the field. A
-    null value (a tombstone) decodes to null columns and is never bad."""
+    """The format of the record value: `raw` (the default: the job decodes `value` itself), `text` (`value_text`),
+    `json` with declared fields (`fields: {payment_id: string, amount_cents: bigint}`, optional `required`), or
+    `avro` in the Confluent wire format with its schemas in a schema registry (`fields` as for json, `subject`,
+    `version`: docs/formats.md), each a typed column of the same name. The decode runs in the read's pass; a value
+    that its format cannot read (not JSON, a field of another type, a required field missing, an unknown schema id)
+    is a dead letter whose reason names the field. A null value (a tombstone) decodes to null columns and is never
+    bad."""
 
     @model_validator(mode="before")
     @classmethod
@@ -293,6 +295,15 @@ class SourceSpec(_Strict):
                 raise ValueError(f"value.fields: '{name}' is a column the job adds itself ({name} of "
                                  f"transform.py's contract); rename it and read the JSON field with `from`, e.g. "
                                  f"`{name}_field: {{type: {columns[name]}, from: {name}}}`")
+        return self
+
+    @model_validator(mode="after")
+    def _registry_subjects(self) -> SourceSpec:
+        for side, fmt in (("key", self.key_format), ("value", self.value_format)):
+            if fmt.uses_registry and fmt.subject(side, self.topics or []) is None:
+                reads = "a topic pattern" if self.topic_pattern else "several topics"
+                raise ValueError(f"{side}.subject: the source reads {reads}, so the TopicNameStrategy gives no one "
+                                 f"subject; name the subject of the schemas, e.g. `subject: orders-{side}`")
         return self
 
     @property

@@ -165,6 +165,8 @@ class StageStart:
     pipeline_id: int = 0
     pipeline_uid: str = ""
     """The ledger's identity of the pipeline, which a lakehouse sink's table commit carries."""
+    formats: dict = field(default_factory=dict)
+    """The pins of the batch's registry formats, by side (`ledger.models.Batch.formats`)."""
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,8 @@ import pytest
 from pydantic import TypeAdapter, ValidationError
 
 from microbatch.errors import first_validation_error
-from microbatch.formats.json import RESERVED_NAMES, JsonFormat
+from microbatch.formats.fields import RESERVED_NAMES
+from microbatch.formats.json import JsonFormat
 from microbatch.formats.raw import RawFormat
 from microbatch.formats.record import decoded_columns
 from microbatch.formats.registry import FORMATS, FormatSpecs, format_for
@@ -54,9 +55,11 @@ def test_an_unknown_spark_type_is_refused_naming_the_field_and_the_types_to_use(
     field, message = refusal({"format": "json", "fields": {"amount": "bigint2"}})
     assert field == "json.fields.amount.type"
     assert "'bigint2' is not a Spark SQL type" in message and "decimal(p,s)" in message and "bigint" in message
-    for bad in ("map<int,string>", "decimal(40,2)", "array<int", "binary", "struct<>"):
+    for bad in ("map<int,string>", "decimal(40,2)", "array<int", "struct<>"):
         field, message = refusal({"format": "json", "fields": {"x": bad}})
         assert field == "json.fields.x.type" and "use one of" in message, bad
+    field, message = refusal({"format": "json", "fields": {"x": "array<binary>"}})
+    assert field == "json.fields.x.type" and message.startswith("JSON has no binary type; read the field as a string")
 
 
 def test_a_required_field_that_is_not_declared_is_refused():

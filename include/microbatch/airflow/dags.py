@@ -142,7 +142,8 @@ def _plan_task(spec: PipelineSpec) -> Callable[[], Any]:
         ledger = resolved(hooks.LedgerHook().get_conn)
         kafka = resolved(hooks.KafkaHook(spec.source.connection).get_conn)
         with task_errors(ledger):
-            outcome = plan_next_batch(spec, ledger, kafka, context["run_id"], outputs=_output_clusters)
+            outcome = plan_next_batch(spec, ledger, kafka, context["run_id"], outputs=_output_clusters,
+                                      registry=hooks.schema_registry)
         log_plan_summary(log, spec.name, outcome)
         if outcome.batch_id is None:
             raise AirflowSkipException("nothing new to read")
@@ -161,7 +162,7 @@ def _backfill_plan_task(spec: PipelineSpec) -> Callable[[], Any]:
         kafka = resolved(hooks.KafkaHook(spec.source.connection).get_conn)
         with task_errors(ledger):
             outcome = plan_backfill(spec, dict(context["params"]), ledger, kafka, context["run_id"],
-                                    outputs=_output_clusters)
+                                    outputs=_output_clusters, registry=hooks.schema_registry)
         log_backfill_plan(log, spec.name, outcome)
         if not outcome.batch_ids:
             raise AirflowSkipException("dry run" if outcome.params.dry_run else f"nothing to {outcome.params.mode}")

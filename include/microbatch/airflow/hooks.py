@@ -18,9 +18,11 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from microbatch import settings
 from microbatch.errors import MicrobatchError
+from microbatch.formats.schema_registry import Registry
 from microbatch.kafka import clients
 from microbatch.kafka.offsets import broker_unreachable
 from microbatch.ledger.database import Ledger
+from microbatch.phases.pins import configured_registry
 from microbatch.settings import KAFKA_CONN_ID, LEDGER_CONN_ID, ConnectionFields, KafkaSettings
 
 _TEST_TIMEOUT_MS = 5_000  # an answer for the connection form, not a task's patience
@@ -131,6 +133,11 @@ def ledger_url() -> str:
 def kafka_settings(conn_id: str) -> KafkaSettings:
     """The Kafka cluster of `conn_id`: `MICROBATCH_KAFKA_*`, else the Airflow connection (type kafka)."""
     return KafkaHook(conn_id).kafka
+
+
+def schema_registry() -> Registry:
+    """The schema registry: `MICROBATCH_SCHEMA_REGISTRY_URL`, else the Airflow connection `schema_registry_default`."""
+    return configured_registry(connection)
 
 
 def spark_remote(conn_id: str) -> str:

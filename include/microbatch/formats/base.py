@@ -9,8 +9,9 @@ no Python loop over rows). `pins` says what a replay must hold fixed to decode t
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, ClassVar, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
 from pydantic import BaseModel, ConfigDict
 
@@ -47,12 +48,31 @@ class Decoded:
     sql_conf: dict[str, str] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class RegistrySchemas:
+    """The schemas a batch decodes one side with, for a format that reads a schema registry: the reader (`version`
+    of `subject`, registry id `reader_id`, its text `reader`) and the writer schemas' texts by registry id."""
+
+    subject: str
+    version: int
+    reader_id: int
+    reader: str
+    writers: Mapping[int, str] = field(default_factory=dict)
+
+    def pins(self) -> dict[str, Any]:
+        """What the batch row keeps of them (the texts are kept once, by id, in `registry_schemas`)."""
+        return {"subject": self.subject, "version": self.version, "reader_id": self.reader_id}
+
+
 class Format(ABC, Generic[SpecT]):
     """A format of a record's key or value, made from its spec."""
 
     name: ClassVar[str]
     """The spec's `format` tag."""
     spec_model: ClassVar[type[FormatSpec]]
+    uses_registry: ClassVar[bool] = False
+    """True when the format reads its schemas from a schema registry (`avro`): the plan pins them in the batch and
+    the stage decodes with the format `bound` to them."""
     declares_names: ClassVar[bool] = False
     """True when the spec names the columns (a json format's fields), so a value's columns keep those names;
     false when the format names its one column itself (text's `text`, seen as `value_text`/`key_text`)."""
@@ -69,7 +89,26 @@ class Format(ABC, Generic[SpecT]):
         """The decode of `data`, a binary column, as column expressions; `subject` ("key" or "value") opens each
         reason."""
 
-    def pins(self) -> dict[str, str]:
+    def subject(self, side: str, topics: list[str]) -> str | None:
+        """A registry format: the registry subject of `side` ("key" or "value") for a source of `topics`; None when
+        it cannot be told."""
+        return None
+
+    def reader_problem(self, reader: str, side: str, subject: str, version: int) -> str | None:
+        """A registry format: why its declared fields cannot be read from the reader schema `reader` (one
+        sentence naming the field, starting with `side`), or None."""
+        return None
+
+    def bound(self, schemas: RegistrySchemas) -> Format[SpecT]:
+        """A registry format bound to a batch's schemas, which its `decode` needs; any other format as it is."""
+        return self
+
+    def metrics(self, data: Column, side: str) -> dict[str, Column]:
+        """Aggregates over the read that `pins` reports from (a registry format: which writer schemas it met)."""
+        return {}
+
+    def pins(self, metrics: Mapping[str, Any] | None = None) -> dict[str, Any]:
         """What a replay must pin to reproduce the decode: the format, and whatever else it reads the bytes by
-        (the declared fields' hash; for a registry format, the schema ids)."""
+        (the declared fields' hash; for a registry format, the schema ids, the writers' from `metrics`, the values
+        of `metrics()`)."""
         return {"format": self.name}

@@ -35,20 +35,18 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from microbatch.formats.base import Decoded, Format, FormatSpec
+from microbatch.formats.fields import check_field_names
 from microbatch.formats.sql_types import INTEGERS, KNOWN_TYPES, SqlType, parse_type
-from microbatch.transform import HEADERS_COLUMN, RECORD_COLUMNS
 
 if TYPE_CHECKING:
     from pyspark.sql import Column
 
-RESERVED_NAMES = (*RECORD_COLUMNS, HEADERS_COLUMN)
-_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
 _NUMBERS = ("float", "double", "decimal")
 _TEXT = ("string", "date", "timestamp", "timestamp_ntz")
 """Types the fast path reads as text: from_json gives any JSON value's text, so the text must not be one a number,
@@ -80,9 +78,13 @@ class JsonField(BaseModel):
     @classmethod
     def _spark_type(cls, text: str) -> str:
         try:
-            return str(parse_type(text))
+            parsed = parse_type(text)
         except ValueError as exc:
             raise ValueError(f"{exc}; use one of {KNOWN_TYPES}") from None
+        if "binary" in str(parsed):
+            raise ValueError("JSON has no binary type; read the field as a string (e.g. base64) and decode it in "
+                             "the job")
+        return str(parsed)
 
     @field_validator("json_name")
     @classmethod
@@ -115,22 +117,7 @@ class JsonSpec(FormatSpec):
     @field_validator("fields")
     @classmethod
     def _names(cls, fields: dict[str, JsonField]) -> dict[str, JsonField]:
-        if not fields:
-            raise ValueError("declare at least one field as `name: spark_sql_type`, e.g. `payment_id: string`")
-        seen: dict[str, str] = {}
-        for name, field in fields.items():
-            if not _NAME.fullmatch(name):
-                raise ValueError(f"'{name}' is not a column name (letters, digits and _, not starting with a digit, "
-                                 f"at most 63); name the column so and read the JSON name with `from`, e.g. "
-                                 f"`{_suggest(name)}: {{type: {field.type}, from: \"{name}\"}}`")
-            if name.lower() in RESERVED_NAMES:
-                raise ValueError(f"'{name}' is the name of a record column; rename the decoded column and read the "
-                                 f"JSON field with `from`, e.g. `payload_{name.lower()}: {{type: {field.type}, "
-                                 f"from: {name}}}`")
-            if name.lower() in seen:
-                raise ValueError(f"'{seen[name.lower()]}' and '{name}' differ only in case, which Spark's column "
-                                 "names do not tell apart; rename one and read its JSON name with `from`")
-            seen[name.lower()] = name
+        check_field_names({name: field.type for name, field in fields.items()}, "JSON")
         return fields
 
     @field_validator("required")
@@ -141,11 +128,6 @@ class JsonSpec(FormatSpec):
             if name not in fields:
                 raise ValueError(f"'{name}' is not a declared field; declare it in fields or remove it from required")
         return required
-
-
-def _suggest(name: str) -> str:
-    cleaned = re.sub(r"[^A-Za-z0-9_]+", "_", name).strip("_") or "field"
-    return f"_{cleaned}" if cleaned[0].isdigit() else cleaned
 
 
 def _path(name: str) -> str:
@@ -326,7 +308,7 @@ class JsonFormat(Format[JsonSpec]):
             columns.append(value.cast(field.type))
         return F.coalesce(_all(checks), F.lit(False)), columns
 
-    def pins(self) -> dict[str, str]:
+    def pins(self, metrics: Mapping[str, Any] | None = None) -> dict[str, Any]:
         declared = {"fields": [[name, field.type, field.json_name or name] for name, field in self.spec.fields.items()],
                     "required": sorted(self.spec.required)}
         digest = hashlib.sha256(json.dumps(declared, sort_keys=True).encode()).hexdigest()

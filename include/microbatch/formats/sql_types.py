@@ -1,8 +1,8 @@
 """The Spark SQL type names a declared field may have, parsed without Spark (a spec loads where no JVM runs).
 
-The subset is what a JSON value can hold: the atomic types, `decimal(p,s)`, `array<T>`, `map<string,T>`,
-`struct<name: T, ...>` and `variant` (the JSON subtree as it is). `str(SqlType)` is Spark's own spelling of the
-type, which `try_variant_get` and a DDL schema accept.
+The subset is what a JSON or Avro value can hold: the atomic types (`binary` for Avro's bytes and fixed only),
+`decimal(p,s)`, `array<T>`, `map<string,T>`, `struct<name: T, ...>` and `variant` (the JSON subtree as it is).
+`str(SqlType)` is Spark's own spelling of the type, which `try_variant_get` and a DDL schema accept.
 """
 
 from __future__ import annotations
@@ -14,12 +14,12 @@ ATOMIC = {
     "string": "string", "boolean": "boolean", "tinyint": "tinyint", "byte": "tinyint", "smallint": "smallint",
     "short": "smallint", "int": "int", "integer": "int", "bigint": "bigint", "long": "bigint", "float": "float",
     "real": "float", "double": "double", "date": "date", "timestamp": "timestamp", "timestamp_ltz": "timestamp",
-    "timestamp_ntz": "timestamp_ntz", "variant": "variant",
+    "timestamp_ntz": "timestamp_ntz", "variant": "variant", "binary": "binary",
 }
 """Spark's names and aliases of the atomic types, each to its canonical name."""
 INTEGERS = frozenset({"tinyint", "smallint", "int", "bigint"})
 KNOWN_TYPES = ("string, boolean, tinyint, smallint, int, bigint, float, double, decimal(p,s), date, timestamp, "
-               "timestamp_ntz, variant, array<T>, map<string,T> or struct<name: T, ...>")
+               "timestamp_ntz, variant, binary, array<T>, map<string,T> or struct<name: T, ...>")
 _TOKEN = re.compile(r"\s*([A-Za-z_][A-Za-z0-9_]*|\d+|[<>(),:])")
 
 

@@ -117,6 +117,10 @@ class Batch(Base):
     error: Mapped[str | None] = mapped_column(Text)
     replaces: Mapped[list[int] | None] = mapped_column(JSONB)
     """Replay batches: the ids of the committed ranges this batch replaces."""
+    formats: Mapped[dict[str, Any] | None] = mapped_column(JSONB)
+    """The pins of the sides read through a schema registry (`avro`), by side: subject, reader version and id (set
+    by the plan; a replay's copied from the batch it replays) and, once staged, the writer schema ids met
+    (migration 0016)."""
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
     staged_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     committed_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
@@ -216,6 +220,17 @@ class LakeCommit(Base):
     table_version: Mapped[int] = mapped_column(BigInteger)
     rows: Mapped[int] = mapped_column(BigInteger)
     written_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+
+
+class RegistrySchema(Base):
+    """A schema's text by its registry id, kept for the pipeline whose batches decoded with it (migration 0016)."""
+
+    __tablename__ = "registry_schemas"
+
+    pipeline_id: Mapped[int] = mapped_column(ForeignKey("pipelines.id"), primary_key=True)
+    schema_id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    schema: Mapped[str] = mapped_column(Text)
+    recorded_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
 
 
 class LateRecord(Base):

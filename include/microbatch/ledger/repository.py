@@ -36,6 +36,7 @@ from microbatch.ledger.models import (
     Position,
     PublishProgress,
     Range,
+    RegistrySchema,
 )
 from microbatch.types import (
     BackfillBatch,
@@ -197,9 +198,10 @@ def insert_batch(
     kind: BatchKind = BatchKind.SCHEDULED,
     airflow_run_id: str | None = None,
     run_head: int | None = None,
+    formats: dict[str, Any] | None = None,
 ) -> Batch:
     """Insert a planned batch with its ranges, its gaps and the pipeline state at its start (`run_head`: the first
-    batch of the run, for a run's later batches)."""
+    batch of the run, for a run's later batches; `formats`: the pins of the registry formats)."""
     batch = Batch(
         pipeline_id=pipeline.id,
         kind=kind.value,
@@ -210,6 +212,7 @@ def insert_batch(
         counts={"planned_records": plan.records},
         timings={},
         airflow_run_id=airflow_run_id,
+        formats=formats or None,
     )
     session.add(batch)
     session.flush()
@@ -293,7 +296,7 @@ def begin_stage(session: Session, batch_id: int, *, waited: bool) -> StageStart:
     # same pass; any other counts them only if this read turns out to have holes (`records_read`).
     holes = last_read_had_holes(session, batch.pipeline_id, batch_id)
     return StageStart(batch.state, batch.staged_attempt, attempt, batch_ranges(session, batch_id), state_before,
-                      holes, batch.pipeline_id, pipeline_uid(session, batch.pipeline_id))
+                      holes, batch.pipeline_id, pipeline_uid(session, batch.pipeline_id), dict(batch.formats or {}))
 
 
 def _stage_state_before(session: Session, batch: Batch) -> dict[str, Any]:
@@ -323,8 +326,10 @@ def record_staged(
     counts: dict[str, Any],
     state_after: dict[str, Any],
     timings: dict[str, float],
+    formats: dict[str, Any] | None = None,
 ) -> None:
-    """Mark the attempt staged; refuse (ZombieAttemptError) if it is no longer the current one."""
+    """Mark the attempt staged (with the pins of its registry formats, `formats`); refuse (ZombieAttemptError) if it
+    is no longer the current one."""
     batch = get_batch(session, batch_id, lock=True)
     if batch.attempt != attempt or batch.state not in OPEN_STATES:
         raise ZombieAttemptError(
@@ -337,6 +342,8 @@ def record_staged(
     batch.counts = {**batch.counts, **counts}
     batch.state_after = state_after
     batch.timings = {**batch.timings, **timings}
+    if formats:
+        batch.formats = formats
     batch.staged_at = session.execute(text("SELECT now()")).scalar_one()
 
 
@@ -429,13 +436,16 @@ def read_backfill_ledger(session: Session, spec: PipelineSpec, *, replay: bool) 
 
 
 def insert_backfill_batches(session: Session, pipeline: Pipeline, batches: list[BackfillBatch], *, kind: BatchKind,
-                            airflow_run_id: str | None) -> list[int]:
+                            airflow_run_id: str | None, formats: dict[str, Any] | None = None) -> list[int]:
     """Insert a backfill's batches; a fill batch starts from no state (history: no watermark, so nothing in it is
-    late), a replay batch from the state of the batch it replays, whose range rows it replaces."""
+    late) and decodes with the registry formats' `formats` pins, a replay batch from the state of the batch it
+    replays, whose range rows it replaces, and with its schemas (its pins, writers included)."""
     batch_ids: list[int] = []
     for each in batches:
         original = get_batch(session, each.original) if each.original is not None else None
-        batch = insert_batch(session, pipeline, Plan(ranges=each.ranges), kind=kind, airflow_run_id=airflow_run_id)
+        pins = dict(original.formats or {}) if original is not None else formats
+        batch = insert_batch(session, pipeline, Plan(ranges=each.ranges), kind=kind, airflow_run_id=airflow_run_id,
+                             formats=pins)
         batch.state_before = dict(original.state_before or {}) if original is not None else {}
         if original is not None:
             batch.replaces = list(each.replaces)
@@ -462,7 +472,7 @@ def read_planning_ledger(session: Session, spec: PipelineSpec) -> tuple[Pipeline
 def record_run(
     session: Session, pipeline: Pipeline, plan: Plan | None, plans: list[Plan], *,
     abandon_from: tuple[int, str] | None, latest: dict[TopicPartition, int], airflow_run_id: str | None,
-    started: float,
+    started: float, formats: dict[str, Any] | None = None,
 ) -> tuple[list[int], list[int], int]:
     """Write what one plan decided: abandon the open batches from `abandon_from` on (with its reason); then, for a
     fresh `plan`, pin the start of its new partitions, insert `plans` as the run's batches (timed from the
@@ -479,7 +489,7 @@ def record_run(
     batch_ids: list[int] = []
     for each in plans:
         batch = insert_batch(session, pipeline, each, airflow_run_id=airflow_run_id,
-                             run_head=batch_ids[0] if batch_ids else None)
+                             run_head=batch_ids[0] if batch_ids else None, formats=formats)
         batch.timings = {"plan_s": round(time.monotonic() - started, 3)}
         batch_ids.append(batch.id)
     record_lag(session, pipeline.id, batch_ids[0] if batch_ids else None, plan, latest)
@@ -487,6 +497,22 @@ def record_run(
     if any(batch_id % LAG_PRUNE_EVERY == 0 for batch_id in batch_ids):
         pruned = prune_lag_snapshots(session, pipeline.id)
     return abandoned, batch_ids, pruned
+
+
+def record_schemas(session: Session, pipeline_id: int, schemas: dict[int, str]) -> None:
+    """Keep each schema's text by its registry id for the pipeline (once: a registry never changes an id's
+    schema)."""
+    if schemas:
+        session.execute(insert(RegistrySchema).values(
+            [{"pipeline_id": pipeline_id, "schema_id": schema_id, "schema": text_}
+             for schema_id, text_ in sorted(schemas.items())]).on_conflict_do_nothing())
+
+
+def kept_schemas(session: Session, pipeline_id: int, schema_ids: list[int]) -> dict[int, str]:
+    """The schemas the ledger keeps for the pipeline among `schema_ids`, by id."""
+    rows = session.execute(select(RegistrySchema.schema_id, RegistrySchema.schema).where(
+        RegistrySchema.pipeline_id == pipeline_id, RegistrySchema.schema_id.in_(schema_ids)))
+    return {int(schema_id): schema for schema_id, schema in rows}
 
 
 def committed_gaps(session: Session, pipeline_id: int) -> list[Gap]:

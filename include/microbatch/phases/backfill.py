@@ -32,10 +32,12 @@ from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
 from microbatch.config import PipelineSpec
 from microbatch.errors import SpecError, first_validation_error
+from microbatch.formats.schema_registry import Registry
 from microbatch.kafka.offsets import requested_ranges
 from microbatch.ledger import repository as repo
 from microbatch.ledger.database import Ledger
 from microbatch.ledger.models import BatchKind
+from microbatch.phases.pins import configured_registry, plan_pins
 from microbatch.phases.plan import check_pipeline
 from microbatch.planning import FillPlan, ReplayPlan, plan_backfill_batches
 from microbatch.settings import KafkaSettings
@@ -151,6 +153,7 @@ def plan_backfill(
     kafka: KafkaSettings,
     airflow_run_id: str | None = None,
     outputs: Callable[[str], KafkaSettings] | None = None,
+    registry: Callable[[], Registry] = configured_registry,
 ) -> BackfillOutcome:
     """Validate, resolve times, plan the fill or the replay, and (unless dry run) insert its batches.
 
@@ -164,6 +167,8 @@ def plan_backfill(
     if replay:
         for sink in sinks.values():
             sink.check_replay()
+    # A fill pins the registry's schemas now; a replay decodes with those of the batches it replays.
+    pins = plan_pins(spec, registry) if not replay and not params.dry_run else None
     requests = requested_ranges(kafka, spec.source.isolation_level, params.topic, params.partitions,
                                 params.start, params.end)
     with ledger.transaction() as session:
@@ -180,5 +185,7 @@ def plan_backfill(
                 affected[sink.name] = footprint
         batch_ids = [] if params.dry_run else repo.insert_backfill_batches(
             session, pipeline, plan.batches, kind=BatchKind.REPLAY if replay else BatchKind.BACKFILL,
-            airflow_run_id=airflow_run_id)
+            airflow_run_id=airflow_run_id, formats=pins.formats if pins is not None else None)
+        if batch_ids and pins is not None:
+            repo.record_schemas(session, pipeline.id, pins.schemas)
     return BackfillOutcome(params, requests, plan.fill, batch_ids, replay=plan.replay, affected_rows=affected)

@@ -22,10 +22,12 @@ from pathlib import Path
 from microbatch import failpoints
 from microbatch.config import PipelineSpec
 from microbatch.errors import SpecError
+from microbatch.formats.schema_registry import Registry
 from microbatch.kafka.offsets import read_source
 from microbatch.kafka.topics import missing_output_topics
 from microbatch.ledger import repository as repo
 from microbatch.ledger.database import Ledger
+from microbatch.phases.pins import configured_registry, plan_pins
 from microbatch.planning import plan_run
 from microbatch.runtime import PROJECT_ROOT
 from microbatch.settings import KafkaSettings
@@ -62,17 +64,19 @@ class PlanOutcome:
 
 def plan_next_batch(
     spec: PipelineSpec, ledger: Ledger, kafka: KafkaSettings, airflow_run_id: str | None = None,
-    outputs: Callable[[str], KafkaSettings] | None = None,
+    outputs: Callable[[str], KafkaSettings] | None = None, registry: Callable[[], Registry] = configured_registry,
 ) -> PlanOutcome:
     """Reuse the open batches, or plan and insert new ones (one, or up to `source.max_batches_per_run` when the
     backlog is larger than a batch); no batch id when there is nothing to read.
 
     Discovery runs on every plan (listed topics, or the topic pattern). Partitions the ledger has never
     seen start by `source.startup`, and their start is pinned in the ledger in the same transaction, so
-    the mode applies once. Every fresh plan records the lag of each partition.
+    the mode applies once. Every fresh plan records the lag of each partition. A key or value read through a
+    schema registry (`registry`) has its schemas pinned in each new batch (`phases/pins.py`).
     """
     started = time.monotonic()
     check_pipeline(spec, ledger, outputs or (lambda _: kafka))
+    pins = plan_pins(spec, registry)
     with ledger.transaction() as session:  # read only: nothing is written before the broker has answered
         known = repo.known_positions(session, spec.name)
     earliest, latest, looked_up = read_source(kafka, spec.source, known,
@@ -83,7 +87,9 @@ def plan_next_batch(
         run = plan_run(held, earliest, latest, spec.source, looked_up)
         abandoned, batch_ids, pruned = repo.record_run(
             session, pipeline, run.plan, run.plans, abandon_from=run.abandon_from, latest=latest,
-            airflow_run_id=airflow_run_id, started=started)
+            airflow_run_id=airflow_run_id, started=started, formats=pins.formats)
+        if batch_ids:
+            repo.record_schemas(session, pipeline.id, pins.schemas)
     for closed_id in abandoned:  # retention ran between plan and stage: that batch and the ones after it are closed
         log.warning("abandoned batch %s: %s", closed_id, run.abandon_from[1] if run.abandon_from else "")
     if run.reused:

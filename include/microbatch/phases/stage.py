@@ -27,11 +27,13 @@ from sqlalchemy.exc import OperationalError
 from microbatch import failpoints
 from microbatch.config import PipelineSpec
 from microbatch.errors import DataLossError, MicrobatchError, SpecError, StageFailedError
+from microbatch.formats.base import Format
 from microbatch.kafka.offsets import offset_bounds, offsets_client
 from microbatch.kafka.security import spark_client_options
 from microbatch.ledger import repository as repo
 from microbatch.ledger.database import Ledger, stage_lock
 from microbatch.ledger.models import BatchState
+from microbatch.phases.pins import bound_formats, registry_sides, staged_pins
 from microbatch.phases.reporting import log_stage_summary
 from microbatch.phases.results import StageResult
 from microbatch.phases.stage_records import (
@@ -301,8 +303,12 @@ def stage_batch(
             else:
                 log.info("batch %s is %s; nothing to stage", batch_id, start.state)
             return None
+        formats = (spec.source.key_format, spec.source.value_format)
+        if registry_sides(spec):
+            with ledger.transaction() as session:
+                formats = bound_formats(session, spec, batch_id, start.pipeline_id, start.formats)
         result = _stage_attempt(spark, spec, _Attempt(batch_id, start.attempt, start.ranges, start.state_before,
-                                                      start.holes, start.pipeline_id, start.pipeline_uid),
+                                                      start.holes, start.pipeline_id, start.pipeline_uid, formats),
                                 ledger, kafka)
         counts = {
             "records": result.records,
@@ -312,8 +318,10 @@ def stage_batch(
             "late_records": result.late_records,
             **({"decode": result.decode} if result.decode else {}),
         }
+        pins = staged_pins(start.formats, result.decode) if registry_sides(spec) else None
         with ledger.transaction() as session:
-            repo.record_staged(session, result.batch_id, result.attempt, counts, result.state_after, result.timings)
+            repo.record_staged(session, result.batch_id, result.attempt, counts, result.state_after, result.timings,
+                               formats=pins)
         result.timings["stage_total_s"] = round(time.monotonic() - started, 3)
         AFTER_STAGED.hit()
         return result
@@ -330,6 +338,9 @@ class _Attempt:
     count_partitions: bool = False
     pipeline_id: int = 0
     pipeline_uid: str = ""
+    formats: tuple[Format[Any], Format[Any]] | None = None
+    """The key's and the value's formats as this batch decodes them (registry formats bound to its schemas); the
+    spec's when None."""
 
     @property
     def partition_keys(self) -> list[tuple[str, int]]:
@@ -385,7 +396,8 @@ def _stage_attempt(
         state_after=job.next_state(current.state_before, state_metrics, spec.job_options),
         timings={"read_s": round(read_seconds, 3), "stage_write_s": round(write_seconds, 3)},
         decode={} if read.observation is None else {
-            "formats": {"key": spec.source.key_format.pins(), "value": spec.source.value_format.pins()},
+            "formats": {side: fmt.pins(values) for side, fmt in zip(
+                ("key", "value"), current.formats or (spec.source.key_format, spec.source.value_format), strict=True)},
             "undecodable": undecodable, "tombstones": int(values.get("tombstones") or 0)},
     )
 
@@ -410,13 +422,15 @@ class _ReadPass:
     def of(cls, spec: PipelineSpec, source: DataFrame, current: _Attempt) -> _ReadPass:
         apart = bool(spec.record_keyed_sinks)
         decodes = spec.source.decodes or apart  # a record-keyed pipeline refuses a record without a key
-        decoded = decoded_records(source, spec.source, spec.record_keyed_sinks)
+        key, value = current.formats or (spec.source.key_format, spec.source.value_format)
+        decoded = decoded_records(source, key, value, spec.record_keyed_sinks)
         records = _with_read_failpoint(decoded)  # the failpoint's worker dies in the pass that decodes
         if not (decodes or apart):
             return cls(decoded, records, None, None)
         observation = Observation(f"read_{current.batch_id}_{current.attempt}")
         metrics = record_metrics(current.partition_keys, count_partitions=current.count_partitions, decodes=decodes,
                                  tombstones_apart=apart)
+        metrics.update({**key.metrics(F.col("key"), "key"), **value.metrics(F.col("value"), "value")})
         records = records.observe(observation, *[expr.alias(name) for name, expr in metrics.items()])
         if apart:  # the job's rows and the tombstones are two branches of one read
             records = records.persist(StorageLevel.MEMORY_AND_DISK)

@@ -18,8 +18,9 @@ from pyspark import StorageLevel
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
-from microbatch.config import SOURCE_COORDINATES, SourceSpec
+from microbatch.config import SOURCE_COORDINATES
 from microbatch.errors import StageFailedError
+from microbatch.formats.base import Format
 from microbatch.formats.record import decode_record, select_decoded
 from microbatch.transform import ERROR_COLUMN, HEADERS_COLUMN, LATE_COLUMN
 from microbatch.types import OffsetRange, TopicPartition
@@ -91,14 +92,16 @@ DECODE_ERROR = "_decode_error"
 """The read's column of why a record's key or value does not decode (null: it does), while the stage holds it."""
 
 
-def decoded_records(records: DataFrame, source: SourceSpec, keyed_sinks: Sequence[str] = ()) -> DataFrame:
-    """`records` (the Kafka records of the job contract) with the columns the spec's key and value formats
-    decode (`formats/record.py`) after them and `DECODE_ERROR`, which with `keyed_sinks` (upsert sinks keyed by
-    the record key) also refuses a record without a key; `records` as they are when both formats are `raw` and no
-    sink is keyed by the record key. Projections of the read: the decode runs in the read's pass."""
-    if not (source.decodes or keyed_sinks):
+def decoded_records(records: DataFrame, key: Format[Any], value: Format[Any],
+                    keyed_sinks: Sequence[str] = ()) -> DataFrame:
+    """`records` (the Kafka records of the job contract) with the columns the key's and value's formats (the
+    spec's, registry formats bound to the batch's schemas) decode (`formats/record.py`) after them and
+    `DECODE_ERROR`, which with `keyed_sinks` (upsert sinks keyed by the record key) also refuses a record without a
+    key; `records` as they are when both formats are `raw` and no sink is keyed by the record key. Projections of
+    the read: the decode runs in the read's pass."""
+    if not (key.columns() or value.columns() or keyed_sinks):
         return records
-    decoded = decode_record(source.key_format, source.value_format, F.col("key"), F.col("value"))
+    decoded = decode_record(key, value, F.col("key"), F.col("value"))
     reason = decoded.reason
     if keyed_sinks:
         keyless = (f"the record has no key, and the sink{'s' if len(keyed_sinks) > 1 else ''} "
