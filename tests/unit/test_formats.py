@@ -30,12 +30,12 @@ def fmt(data: object):
 
 
 def test_each_format_name_is_a_tag_of_the_union_and_a_string_is_its_short_form():
-    assert set(FORMATS) == {"raw", "text", "json"}
+    assert set(FORMATS) == {"raw", "text", "json", "avro"}
     assert isinstance(fmt("raw"), RawFormat) and isinstance(fmt({"format": "raw"}), RawFormat)
     assert isinstance(fmt("text"), TextFormat)
     assert isinstance(fmt({"format": "json", "fields": {"a": "int"}}), JsonFormat)
-    field, message = refusal({"format": "avro"})
-    assert field == "format" and message.startswith("'avro' is not a format; use one of raw, text, json")
+    field, message = refusal({"format": "protobuf"})
+    assert field == "format" and message.startswith("'protobuf' is not a format; use one of raw, text, json, avro")
     assert refusal({"fields": {}})[1].startswith("is missing; use one of")
 
 

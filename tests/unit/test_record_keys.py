@@ -63,7 +63,8 @@ def test_record_keyed_upsert_takes_the_decoded_keys_and_survives_a_round_trip(tm
     (lambda s: s["source"]["value"]["fields"].update(error="string"), "'error' is a column the job adds itself"),
     (lambda s: s["source"]["value"]["fields"].update(offset="bigint"), "'offset' is the name of a record column"),
     (lambda s: s["source"]["value"]["fields"].update(amount="money"), "'money' is not a Spark SQL type"),
-    (lambda s: s["source"]["value"].update(format="avro"), "'avro' is not a format; use one of raw, text, json"),
+    (lambda s: s["source"]["value"].update(format="protobuf"),
+     "'protobuf' is not a format; use one of raw, text, json, avro"),
     (lambda s: s["source"].update(key={"format": "json", "fields": {"ts": "string"}},
                                   value={"format": "json", "fields": {"key_ts": "string"}}), "'key_ts'"),
 ])

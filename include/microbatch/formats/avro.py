@@ -49,8 +49,9 @@ _PRIMITIVES = {"boolean": "boolean", "int": "int", "long": "bigint", "float": "f
 _LOGICAL = {("int", "date"): "date", ("long", "timestamp-millis"): "timestamp",
             ("long", "timestamp-micros"): "timestamp", ("long", "local-timestamp-millis"): "timestamp_ntz",
             ("long", "local-timestamp-micros"): "timestamp_ntz", ("string", "uuid"): "string"}
-"""Logical types and the Spark type `from_avro` reads them as (decimal: `decimal(p,s)`, on bytes or fixed). Any other
-logical type is read as its underlying type, as Avro's specification says a reader must."""
+"""Logical types and the Spark type `from_avro` reads them as (decimal: `decimal(p,s)`, on bytes or fixed). A time of
+day (`time-millis`, `time-micros`) is refused; any other logical type is read as its underlying type, as Avro's
+specification says a reader must."""
 
 
 class AvroField(BaseModel):
@@ -241,6 +242,8 @@ def spark_type(schema: Any, named: dict[str, Any] | None = None, namespace: str 
         return spark_type(members[0], named, namespace)
     kind = schema.get("type")
     logical = schema.get("logicalType")
+    if logical in ("time-millis", "time-micros"):
+        raise ValueError(f"{logical} (a time of day) has no column type here; read the field in a Python job")
     if logical == "decimal" and kind in ("bytes", "fixed"):
         if kind == "fixed":
             _name(schema, named, namespace, f"decimal({schema['precision']},{schema.get('scale', 0)})")
