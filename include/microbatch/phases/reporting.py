@@ -69,6 +69,10 @@ def log_stage_summary(log: logging.Logger, result: StageResult) -> None:
                  "with the reason), %s tombstone(s) staged as deletes of their keys",
                  formats.get("key", {}).get("format", "raw"), formats.get("value", {}).get("format", "raw"),
                  result.decode.get("undecodable", 0), result.decode.get("tombstones", 0))
+        for side, pins in formats.items():
+            if "subject" in pins:
+                log.info("  %s: subject '%s', reader schema version %s (id %s), writer schema id(s) met %s", side,
+                         pins["subject"], pins["version"], pins["reader_id"], pins.get("writers", []))
 
 
 def log_commit_summary(log: logging.Logger, pipeline: str, result: CommitResult) -> None:
