@@ -96,6 +96,10 @@ def bound_formats(session: Session, spec: PipelineSpec, batch_id: int, pipeline_
         if missing:
             raise MicrobatchError(f"The ledger keeps no schema of id(s) {missing} that batch {batch_id} pins.",
                                   fix="Run `microbatch verify`; the ledger's registry_schemas table lost rows.")
+        problem = fmt.reader_problem(kept[reader_id], side, pinned["subject"], int(pinned["version"]))
+        if problem is not None:  # the spec's fields changed since the batch was planned (a replay after an edit)
+            raise SpecError(f"source.{problem}; batch {batch_id} decodes with the reader schema it was planned with, "
+                            "so it was not staged.")
         formats[side] = fmt.bound(RegistrySchemas(pinned["subject"], int(pinned["version"]), reader_id,
                                                   kept[reader_id], {i: kept[i] for i in writers}))
     return formats["key"], formats["value"]
