@@ -52,7 +52,7 @@ TYPES = {"type": "record", "name": "Everything", "namespace": "shop", "fields": 
 def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     from microbatch.dev.registry import SchemaRegistry
 
-    with SchemaRegistry(tmp_path_factory.mktemp("registry")).start() as running:
+    with SchemaRegistry(tmp_path_factory.mktemp("registry")) as running:
         yield running.url
 
 

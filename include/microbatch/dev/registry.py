@@ -126,7 +126,9 @@ class SchemaRegistry:
                 "-jar", str(distribution / RUNNER_JAR)]
 
     def start(self, timeout: float = 120) -> SchemaRegistry:
-        """Start the JVM and wait until the Confluent-compatible API answers."""
+        """Start the JVM and wait until the Confluent-compatible API answers (once: a started registry is kept)."""
+        if self.process is not None and self.process.poll() is None:
+            return self
         distribution = ensure_registry()
         (self.work_dir / "tmp").mkdir(parents=True, exist_ok=True)
         # cwd: the transaction manager (Narayana) keeps its object store in the working directory.
