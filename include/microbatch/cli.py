@@ -885,13 +885,26 @@ def _new_from_topic(name: str, topic: str) -> None:
     scaffold.check_new_name(name, scaffold.ROOT)  # a bad or taken name is refused before Kafka is asked
     records = sample_topic(_kafka(), topic)
     written, inference = scaffold.new_pipeline_from_sample(
-        name, topic, [r.key for r in records], [r.value for r in records], root=scaffold.ROOT)
+        name, topic, [r.key for r in records], [r.value for r in records], root=scaffold.ROOT,
+        avro_schema=_latest_avro_schema)
     for line in inference.summary(topic):
         console.print(line, highlight=False, markup=False)
     for path in written.values():
         console.print(f"wrote {path.relative_to(scaffold.ROOT)}", highlight=False)
     console.print(f"next: check the fields and types in {written['spec'].relative_to(scaffold.ROOT)}, then "
                   f"`microbatch migrate` and `microbatch run {name}`.", highlight=False)
+
+
+def _latest_avro_schema(subject: str) -> str | None:
+    """The latest schema of `subject` in the configured schema registry; None when none is configured or it has no
+    such subject (then `new --from-topic` keeps the bytes and says how to read them as avro)."""
+    from microbatch.errors import MicrobatchError
+    from microbatch.formats.schema_registry import Registry
+
+    try:
+        return Registry(settings.schema_registry_url()).version(subject, "latest").schema
+    except MicrobatchError:
+        return None
 
 
 def _create_output_topics(pipeline: str) -> None:

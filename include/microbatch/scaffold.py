@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -34,6 +34,8 @@ from sqlglot import exp
 
 from microbatch.config import POSTGRES_FOR_SPARK, SOURCE_COORDINATES, ColumnType
 from microbatch.errors import SpecError
+from microbatch.formats.avro import HEADER_BYTES as WIRE_HEADER
+from microbatch.formats.avro import reader_fields
 from microbatch.transform import ERROR_COLUMN, EVENT_TIME_COLUMN, HEADERS_COLUMN, LATE_COLUMN, RECORD_COLUMNS
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -517,14 +519,24 @@ def _parse_object(data: bytes) -> dict[str, Any] | None:
     return parsed if isinstance(parsed, dict) else None
 
 
-def infer_side(side: str, datas: list[bytes | None], records: set[str], sink: set[str]) -> Side:
-    """The format of a record's `side` ("key" or "value") from its sampled bytes: JSON objects (every non-null
-    one) -> json, fields typed across the sample and `required` where every object has them non-null; else text
-    where all are UTF-8; else raw. All null -> raw with no column. `records` and `sink`: the decoded columns and
-    the sink's columns named so far; the ones named here are added."""
+def infer_side(side: str, datas: list[bytes | None], records: set[str], sink: set[str],
+               avro_schema: Callable[[], str | None] | None = None) -> Side:
+    """The format of a record's `side` ("key" or "value") from its sampled bytes: the Confluent wire format (every
+    non-null one starts with the magic byte 0 and a schema id) -> avro, its fields those of the subject's latest
+    schema (`avro_schema`, None when no registry is configured or it has no such subject); JSON objects (every
+    non-null one) -> json, fields typed across the sample and `required` where every object has them non-null; else
+    text where all are UTF-8; else raw. All null -> raw with no column. `records` and `sink`: the decoded columns
+    and the sink's columns named so far; the ones named here are added."""
     present = [d for d in datas if d is not None]
     if not present:
         return Side("raw", None, (), f"none (every sampled {side} is null)")
+    if all(len(d) >= WIRE_HEADER and d[0] == 0 for d in present):
+        schema = avro_schema() if avro_schema is not None else None
+        if schema is not None:
+            return _avro_side(side, schema, records, sink)
+        column = SinkColumn(_unique(side, sink), "bytea", side, f"{side} (bytes)")
+        return Side("raw", None, (column,), "raw: every one starts as Avro in the Confluent wire format does, but no "
+                    "schema registry answered for its subject; set MICROBATCH_SCHEMA_REGISTRY_URL to read it as avro")
     objects = [_parse_object(d) for d in present]
     if all(o is not None for o in objects):
         return _json_side(side, [o for o in objects if o is not None], len(datas), records, sink)
@@ -538,6 +550,38 @@ def infer_side(side: str, datas: list[bytes | None], records: set[str], sink: se
     records.add(name)
     column = SinkColumn(_unique(name, sink), "text", name, f"{side} (UTF-8 text)")
     return Side("text", {"format": "text"}, (column,), f"text: UTF-8, not all JSON objects, into {column.name}")
+
+
+def _avro_side(side: str, schema: str, records: set[str], sink: set[str]) -> Side:
+    """The avro format of a side whose subject's latest schema is `schema`: each top-level field that has a column
+    type (`formats.avro.reader_fields`), under a snake_case name; nested records, arrays and maps go to the sink as
+    JSON text."""
+    fields: dict[str, Any] = {}
+    columns: list[SinkColumn] = []
+    skipped: list[str] = []
+    prefix = "" if side == "value" else "key_"
+    for avro_name, spark in reader_fields(schema).items():
+        if spark.startswith("!"):
+            skipped.append(avro_name)
+            continue
+        field = snake_case(avro_name)
+        if field in INFER_RESERVED:
+            field = f"payload_{field}"
+        field = _unique(field, {name.removeprefix(prefix) for name in records} | set(fields))
+        column = f"{prefix}{field}"
+        records.add(column)
+        fields[field] = spark if field == avro_name else {"type": spark, "from": avro_name}
+        name = _unique(column[:63], sink)
+        if spark.startswith(("struct", "array", "map")):
+            columns.append(SinkColumn(name, "text", f"to_json({quote_sql(column)})", f"{side}.{avro_name} ({spark}, "
+                                      "as JSON text)"))
+        else:
+            kind = "numeric" if spark.startswith("decimal") else _POSTGRES[spark]
+            columns.append(SinkColumn(name, kind, quote_sql(column), f"{side}.{avro_name} ({spark})"))
+    summary = f"avro: the Confluent wire format; {len(fields)} field(s) of the subject's latest schema"
+    if skipped:
+        summary += f" ({', '.join(skipped)} left out: no column type; read them in a Python job)"
+    return Side("avro", {"format": "avro", "fields": fields}, tuple(columns), summary)
 
 
 def _json_side(side: str, objects: list[dict[str, Any]], sampled: int, records: set[str], sink: set[str]) -> Side:
@@ -574,14 +618,19 @@ def _json_side(side: str, objects: list[dict[str, Any]], sampled: int, records: 
     return Side("json", spec, tuple(columns), summary)
 
 
-def infer_pipeline(name: str, topic: str, keys: list[bytes | None], values: list[bytes | None]) -> Inference:
+def infer_pipeline(name: str, topic: str, keys: list[bytes | None], values: list[bytes | None],
+                   avro_schema: Callable[[str], str | None] | None = None) -> Inference:
     """The YAML-only pipeline of the sampled records' keys and values: the source's formats and one
     `postgres_append` sink named `name` whose columns are the decoded ones (flattened, see `_flatten`) and whose
-    `sql` selects them from `records`."""
+    `sql` selects them from `records`. `avro_schema`: the latest schema of a registry subject, or None."""
     records: set[str] = set()
     sink: set[str] = set(SOURCE_COORDINATES)
-    key = infer_side("key", keys, records, sink)
-    value = infer_side("value", values, records, sink)
+
+    def latest(side: str) -> Callable[[], str | None] | None:
+        return None if avro_schema is None else lambda: avro_schema(f"{topic}-{side}")
+
+    key = infer_side("key", keys, records, sink, latest("key"))
+    value = infer_side("value", values, records, sink, latest("value"))
     columns = [*key.columns, *value.columns]
     if not columns:
         raise SpecError(f"Every sampled record of {topic} has a null key and a null value, so there is nothing to "
@@ -613,11 +662,12 @@ SAMPLED_FILES = ("spec", "test", "dag")
 
 
 def new_pipeline_from_sample(name: str, topic: str, keys: list[bytes | None], values: list[bytes | None],
-                             root: Path = ROOT) -> tuple[dict[str, Path], Inference]:
+                             root: Path = ROOT, avro_schema: Callable[[str], str | None] | None = None,
+                             ) -> tuple[dict[str, Path], Inference]:
     """Write the spec, its unit test and the DAG file of the pipeline inferred from the sampled keys and values;
     refuse a bad or existing name before writing any."""
     targets = check_new_name(name, root, SAMPLED_FILES)
-    inference = infer_pipeline(name, topic, keys, values)
+    inference = infer_pipeline(name, topic, keys, values, avro_schema)
     texts = {"spec": spec_yaml(inference, topic), "test": _sampled_test(inference), "dag": _dag(name)}
     for kind, path in targets.items():
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -253,3 +253,35 @@ def test_the_cli_wants_one_of_topic_and_from_topic_and_no_format_with_from_topic
     assert "value.amount (bigint)" in result.output and "wrote include/pipelines/orders.yaml" in result.output
     assert (tmp_path / "include" / "pipelines" / "orders.yaml").exists()
     assert not (tmp_path / "spark_jobs" / "orders.py").exists()
+
+
+AVRO_SCHEMA = json.dumps({"type": "record", "name": "Order", "fields": [
+    {"name": "orderId", "type": "string"}, {"name": "amount", "type": {"type": "bytes", "logicalType": "decimal",
+                                                                        "precision": 10, "scale": 2}},
+    {"name": "ts", "type": {"type": "long", "logicalType": "timestamp-millis"}},
+    {"name": "offset", "type": "long"}, {"name": "lines", "type": {"type": "array", "items": "string"}},
+    {"name": "either", "type": ["int", "string"]}]})
+
+
+def test_avro_in_the_confluent_wire_format_takes_the_fields_of_the_subjects_latest_schema(tmp_path: Path) -> None:
+    values = [b"\x00\x00\x00\x00\x07" + bytes([i]) for i in range(3)] + [None]
+    asked: list[str] = []
+
+    def latest(subject: str) -> str | None:
+        asked.append(subject)
+        return AVRO_SCHEMA if subject == "orders_src-value" else None
+
+    written, inference = scaffold.new_pipeline_from_sample("orders", "orders_src", [b"k1", b"k2", b"k3", b"k4"],
+                                                           values, root=tmp_path, avro_schema=latest)
+    assert asked == ["orders_src-value"], "a key that is not in the wire format is not looked up"
+    assert inference.value.spec == {"format": "avro", "fields": {
+        "order_id": {"type": "string", "from": "orderId"}, "amount": "decimal(10,2)", "ts": "timestamp",
+        "payload_offset": {"type": "bigint", "from": "offset"}, "lines": "array<string>"}}
+    assert "either left out: no column type" in inference.value.summary
+    assert inference.sink_columns["amount"] == "numeric" and inference.sink_columns["lines"] == "text"
+    spec = load_spec(written["spec"])
+    assert spec.source.value.format == "avro" and spec.source.key.format == "text"
+    _load(written["test"]).test_the_spec_loads_and_the_query_gives_the_sink_columns()
+
+    raw = infer_side("value", values, set(), set(), None)
+    assert raw.format == "raw" and "set MICROBATCH_SCHEMA_REGISTRY_URL to read it as avro" in raw.summary
