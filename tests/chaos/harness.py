@@ -178,12 +178,13 @@ class Harness:
         migrate(self.url)
         create_topic(self.bootstrap, SOURCE, self.partitions)
         if self.pipeline == "clicks":
+            # Retries 1, 2-3 and 4-7 s apart, as before: a restarting service may need them.
             specs = write_clicks_test_spec(self.work / "pipelines", SOURCE, self.batch_size,
-                                           bootstrap=self.bootstrap, spark_mode=self.spark_mode)
+                                           bootstrap=self.bootstrap, spark_mode=self.spark_mode, retry_backoff=2)
             dags = pipeline_dag_folder(self.work, self.pipeline)  # the shipped dags/ would load ip_count too
         else:
             specs = write_test_spec(self.work / "pipelines", SOURCE, self.batch_size,
-                                    bootstrap=self.bootstrap, spark_mode=self.spark_mode)
+                                    bootstrap=self.bootstrap, spark_mode=self.spark_mode, retry_backoff=2)
             dags = {}
         self.output = f"{SOURCE}_out"
         self.env = {
