@@ -15,6 +15,7 @@ from collections import Counter
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import yaml
 from sqlalchemy import text
@@ -187,12 +188,13 @@ def late_coordinates(url: str) -> set[tuple[int, int]]:
         return {tuple(r) for r in session.execute(text('SELECT partition, "offset" FROM late_records')).all()}
 
 
-def read_topic(bootstrap: str, topic: str) -> list:
-    """Every record of `topic` as a read_committed consumer sees it, from the beginning to the end offsets."""
+def read_topic(bootstrap: str, topic: str, isolation_level: str = "read_committed", **client: Any) -> list:
+    """Every record of `topic` as a consumer of `isolation_level` sees it, from the beginning to the end offsets
+    (not until an idle timeout); `client`: more of kafka-python's settings (a SASL login)."""
     from kafka import KafkaConsumer, TopicPartition
 
-    consumer = KafkaConsumer(bootstrap_servers=bootstrap, isolation_level="read_committed", group_id=None,
-                             enable_auto_commit=False)
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, isolation_level=isolation_level, group_id=None,
+                             enable_auto_commit=False, **client)
     try:
         tps = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic))]
         consumer.assign(tps)
