@@ -70,7 +70,7 @@ from microbatch.dev.datagen import (
 )
 from microbatch.dev.kafka import KafkaBroker, KafkaCluster, create_topic
 from microbatch.dev.postgres import LocalPostgres
-from microbatch.failpoints import ARMED_FILE, FAILPOINT_DIR_ENV
+from microbatch.failpoints import ARMED_FILE, FAILPOINT_DIR_ENV, RELEASE_SUFFIX, release
 from microbatch.ledger.database import get_engine, transaction
 from microbatch.sinks.schema import migrate
 from tests.e2e.helpers import (
@@ -402,7 +402,8 @@ class Harness:
         if name == "kill a Spark Python worker":
             self._arm("stage.read=1000000000000")
         elif name in COMMIT_HOLDS:
-            (Path(self.env[FAILPOINT_DIR_ENV]) / "commit.before_commit").unlink(missing_ok=True)
+            for marker in ("commit.before_commit", "commit.before_commit" + RELEASE_SUFFIX):
+                (Path(self.env[FAILPOINT_DIR_ENV]) / marker).unlink(missing_ok=True)
             self._arm(f"commit.before_commit=pause:{COMMIT_HOLDS[name]}")
         elif name == "kill the publisher after its Kafka commit":
             (Path(self.env[FAILPOINT_DIR_ENV]) / "publish.after_commit").unlink(missing_ok=True)
@@ -511,6 +512,8 @@ class Harness:
         try:
             _wait_for(marker.exists, 300)
             self.postgres.restart(hard=sig == signal.SIGKILL)
+            # Restarted under the held run: it wakes now to a dead connection, not at the end of its hold.
+            release("commit.before_commit", self.env[FAILPOINT_DIR_ENV])
         finally:
             self._disarm("commit.before_commit")
         get_engine(self.url).dispose()
