@@ -83,16 +83,46 @@ def spark_connect(work_dir: Path) -> Iterator[object]:
     server.stop()
 
 
-@pytest.fixture
-def ledger_url(postgres) -> str:
-    """A fresh, migrated ledger database for one test."""
+# The migrated ledger databases this session copies, by the spec files `migrate` read to make them.
+LEDGER_TEMPLATES: dict[str, str] = {}
+
+
+def _migrated_template(postgres) -> str:
+    """A database that `migrate` made (the ledger at head and the sink tables of every spec in the pipelines
+    directory), once per session and set of spec files; its name."""
+    import hashlib
+
+    from microbatch.config import spec_paths
+    from microbatch.ledger.database import get_engine
     from microbatch.sinks.schema import migrate
 
+    specs = hashlib.sha256()
+    for path in spec_paths():
+        specs.update(f"{path}\0".encode() + path.read_bytes() + b"\0")
+    key = specs.hexdigest()
+    if key not in LEDGER_TEMPLATES:
+        name = f"template_{key[:10]}"
+        postgres.create_database(name)
+        url = postgres.url(name)
+        migrate(url)
+        get_engine(url).dispose()  # a template is copied only while nobody is connected to it
+        LEDGER_TEMPLATES[key] = name
+    return LEDGER_TEMPLATES[key]
+
+
+@pytest.fixture
+def ledger_url(postgres) -> str:
+    """A fresh, migrated ledger database for one test: a copy (`CREATE DATABASE ... TEMPLATE`) of one that
+    `migrate` made from the same spec files, the Alembic migrations and the sink tables once per session instead of
+    about 1.5 s of them per test."""
+    import psycopg
+
+    template = _migrated_template(postgres)
     name = f"t_{uuid.uuid4().hex[:10]}"
-    postgres.create_database(name)
-    url = postgres.url(name)
-    migrate(url)
-    return url
+    with psycopg.connect(host="127.0.0.1", port=postgres.port, user=postgres.user, password=postgres.password,
+                         dbname="postgres", autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template}"')
+    return postgres.url(name)
 
 
 @pytest.fixture

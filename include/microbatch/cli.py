@@ -62,7 +62,12 @@ def _kafka() -> settings.KafkaSettings:
 
 
 def _bootstrap() -> str:
-    return _kafka().bootstrap_servers
+    """The broker that `generate` produces to, refused at once if nothing listens there."""
+    from microbatch.kafka.offsets import require_listener
+
+    kafka = _kafka()
+    require_listener(kafka)
+    return kafka.bootstrap_servers
 
 
 def _fail(exc: MicrobatchError) -> None:

@@ -189,14 +189,36 @@ def _mark(name: str, directory: str | None = None) -> None:
         (Path(directory) / name).touch()
 
 
+RELEASE_SUFFIX = ".release"
+
+
+def release(name: str, marker_dir: str | Path) -> None:
+    """End a pause at `name` before its seconds are up: the test that held a run there has applied its fault."""
+    Path(marker_dir).mkdir(parents=True, exist_ok=True)
+    (Path(marker_dir) / f"{name}{RELEASE_SUFFIX}").touch()
+
+
+def _hold(name: str, seconds: float) -> None:
+    """Sleep `seconds`, or less once `release(name)` was called in the marker directory."""
+    directory = env_marker_dir()
+    released = Path(directory) / f"{name}{RELEASE_SUFFIX}" if directory else None
+    deadline = time.monotonic() + seconds
+    while (left := deadline - time.monotonic()) > 0:
+        if released is not None and released.exists():
+            log.warning("failpoint %s: released after %.1fs of %.0fs", name, seconds - left, seconds)
+            return
+        time.sleep(min(0.1, left))
+
+
 def hit(name: str) -> None:
-    """Crash here if the failpoint `name` is armed (or pause here, for `name=pause:S`)."""
+    """Crash here if the failpoint `name` is armed (or pause here, for `name=pause:S`: S seconds, or until the
+    test `release`s it)."""
     found = arming(name)
     if found is None:
         return
     if found.mode == PAUSE:
         log.warning("failpoint %s: holding here %.0fs (test fault injection)", name, found.seconds)
         _mark(name)
-        time.sleep(found.seconds)
+        _hold(name, found.seconds)
         return
     crash(name, found.mode)

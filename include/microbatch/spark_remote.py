@@ -172,10 +172,42 @@ def retry_wait_bound(policy: RetryParameters) -> float:
 
 
 def connect_retry_policy(params: ConnectRetry = CONNECT_RETRY) -> RetryPolicy:
-    """pyspark's `DefaultPolicy` with `params` (imports pyspark)."""
-    from pyspark.sql.connect.client.retries import DefaultPolicy
+    """pyspark's `DefaultPolicy` with `params`, which stops retrying a lost server once one call gave up on it
+    (imports pyspark).
 
-    return DefaultPolicy(**asdict(params))
+    pyspark swallows some failed calls and goes on to the next (the plan-compression settings that the first plan
+    of a session asks for: a failure means "no compression"), so without this a stage whose server died waited
+    the whole bound twice (64 s, measured), and a client closing after it a third time. One exhausted call on
+    UNAVAILABLE means the server is gone for this client: every later call of it fails at once, which the stage
+    reports in its one sentence; the task's retry opens a new session with a new policy, which retries again."""
+    import grpc
+    from pyspark.sql.connect.client.retries import DefaultPolicy, RetryPolicyState
+
+    def lost(exc: BaseException) -> bool:
+        code = getattr(exc, "code", None)
+        return (isinstance(exc, grpc.RpcError) and callable(code) and code() == grpc.StatusCode.UNAVAILABLE) \
+            or is_unavailable(exc)
+
+    class GivesUpOnceState(RetryPolicyState):
+        def next_attempt(self, exception: BaseException | None = None) -> int | None:
+            wait = super().next_attempt(exception)
+            if wait is None and exception is not None and lost(exception):
+                policy.server_gone = True
+            return wait
+
+    class GivesUpOncePolicy(DefaultPolicy):  # type: ignore[misc]
+        server_gone = False
+
+        def can_retry(self, exception: BaseException) -> bool:
+            if self.server_gone and lost(exception):
+                return False
+            return bool(super().can_retry(exception))
+
+        def to_state(self) -> RetryPolicyState:
+            return GivesUpOnceState(self)
+
+    policy = GivesUpOncePolicy(**asdict(params))
+    return policy
 
 
 def bound_retries(spark: SparkSession) -> None:

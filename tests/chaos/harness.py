@@ -70,7 +70,7 @@ from microbatch.dev.datagen import (
 )
 from microbatch.dev.kafka import KafkaBroker, KafkaCluster, create_topic
 from microbatch.dev.postgres import LocalPostgres
-from microbatch.failpoints import ARMED_FILE, FAILPOINT_DIR_ENV
+from microbatch.failpoints import ARMED_FILE, FAILPOINT_DIR_ENV, RELEASE_SUFFIX, release
 from microbatch.ledger.database import get_engine, transaction
 from microbatch.sinks.schema import migrate
 from tests.e2e.helpers import (
@@ -178,12 +178,13 @@ class Harness:
         migrate(self.url)
         create_topic(self.bootstrap, SOURCE, self.partitions)
         if self.pipeline == "clicks":
+            # Retries 1, 2-3 and 4-7 s apart, as before: a restarting service may need them.
             specs = write_clicks_test_spec(self.work / "pipelines", SOURCE, self.batch_size,
-                                           bootstrap=self.bootstrap, spark_mode=self.spark_mode)
+                                           bootstrap=self.bootstrap, spark_mode=self.spark_mode, retry_backoff=2)
             dags = pipeline_dag_folder(self.work, self.pipeline)  # the shipped dags/ would load ip_count too
         else:
             specs = write_test_spec(self.work / "pipelines", SOURCE, self.batch_size,
-                                    bootstrap=self.bootstrap, spark_mode=self.spark_mode)
+                                    bootstrap=self.bootstrap, spark_mode=self.spark_mode, retry_backoff=2)
             dags = {}
         self.output = f"{SOURCE}_out"
         self.env = {
@@ -401,7 +402,8 @@ class Harness:
         if name == "kill a Spark Python worker":
             self._arm("stage.read=1000000000000")
         elif name in COMMIT_HOLDS:
-            (Path(self.env[FAILPOINT_DIR_ENV]) / "commit.before_commit").unlink(missing_ok=True)
+            for marker in ("commit.before_commit", "commit.before_commit" + RELEASE_SUFFIX):
+                (Path(self.env[FAILPOINT_DIR_ENV]) / marker).unlink(missing_ok=True)
             self._arm(f"commit.before_commit=pause:{COMMIT_HOLDS[name]}")
         elif name == "kill the publisher after its Kafka commit":
             (Path(self.env[FAILPOINT_DIR_ENV]) / "publish.after_commit").unlink(missing_ok=True)
@@ -510,6 +512,8 @@ class Harness:
         try:
             _wait_for(marker.exists, 300)
             self.postgres.restart(hard=sig == signal.SIGKILL)
+            # Restarted under the held run: it wakes now to a dead connection, not at the end of its hold.
+            release("commit.before_commit", self.env[FAILPOINT_DIR_ENV])
         finally:
             self._disarm("commit.before_commit")
         get_engine(self.url).dispose()

@@ -15,6 +15,7 @@ from collections import Counter
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import yaml
 from sqlalchemy import text
@@ -38,10 +39,11 @@ def spark_section(conf: dict[str, str], mode: str) -> dict:
 
 
 def write_test_spec(directory: Path, topic: str, max_records: int, retry_delay: float = 1.0,
-                    bootstrap: str | None = None, batches_per_run: int = 1, spark_mode: str = "auto") -> Path:
+                    bootstrap: str | None = None, batches_per_run: int = 1, spark_mode: str = "auto",
+                    retry_backoff: float = 1.0) -> Path:
     """A copy of ip_count.yaml that reads `topic`, in small batches (up to `batches_per_run` per run), with short
-    retry delays, and publishes to `<topic>_out` (created here when `bootstrap` is given); `spark_mode` as
-    `spark_section` says."""
+    retry delays (`retry_delay` s each, `retry_backoff` times the last: 1 s apart, not 1, 2-3 and 4-7 s), and
+    publishes to `<topic>_out` (created here when `bootstrap` is given); `spark_mode` as `spark_section` says."""
     spec = yaml.safe_load((ROOT / "include/pipelines/ip_count.yaml").read_text())
     spec["source"].update(topics=[topic], max_records_per_batch=max_records, commit_group_offsets=False)
     if batches_per_run > 1:
@@ -51,7 +53,7 @@ def write_test_spec(directory: Path, topic: str, max_records: int, retry_delay: 
             sink["topic"] = f"{topic}_out"
     if bootstrap:
         create_topic(bootstrap, f"{topic}_out", 4)
-    spec["retries"] = {"count": 3, "delay_seconds": retry_delay}
+    spec["retries"] = {"count": 3, "delay_seconds": retry_delay, "backoff": retry_backoff}
     spec["spark"] = spark_section(spec["spark"]["conf"], spark_mode)
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / "ip_count.yaml"
@@ -186,12 +188,13 @@ def late_coordinates(url: str) -> set[tuple[int, int]]:
         return {tuple(r) for r in session.execute(text('SELECT partition, "offset" FROM late_records')).all()}
 
 
-def read_topic(bootstrap: str, topic: str) -> list:
-    """Every record of `topic` as a read_committed consumer sees it, from the beginning to the end offsets."""
+def read_topic(bootstrap: str, topic: str, isolation_level: str = "read_committed", **client: Any) -> list:
+    """Every record of `topic` as a consumer of `isolation_level` sees it, from the beginning to the end offsets
+    (not until an idle timeout); `client`: more of kafka-python's settings (a SASL login)."""
     from kafka import KafkaConsumer, TopicPartition
 
-    consumer = KafkaConsumer(bootstrap_servers=bootstrap, isolation_level="read_committed", group_id=None,
-                             enable_auto_commit=False)
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, isolation_level=isolation_level, group_id=None,
+                             enable_auto_commit=False, **client)
     try:
         tps = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic))]
         consumer.assign(tps)
@@ -295,11 +298,12 @@ ROW_SINK_TYPES = ("postgres_append", "postgres_aggregate", "postgres_upsert", "k
 def write_clicks_test_spec(directory: Path, topic: str, max_records: int, *, out_topic: str | None = None,
                            transaction_size: int = 500, retries: int = 3, retry_delay: float = 1.0,
                            bootstrap: str | None = None, partitions: int = 4,
-                           sink_types: tuple[str, ...] = ROW_SINK_TYPES, spark_mode: str = "auto") -> Path:
+                           sink_types: tuple[str, ...] = ROW_SINK_TYPES, spark_mode: str = "auto",
+                           retry_backoff: float = 1.0) -> Path:
     """A copy of the shipped clicks.yaml that reads `topic` in batches of `max_records`, has no schedule,
-    short retry delays, and publishes clicks_raw to `out_topic` (default `<topic>_out`, created here when
-    `bootstrap` is given) in transactions of `transaction_size`. It keeps the shipped sinks of `sink_types`
-    only (by default the row sinks, whose oracles are below); `spark_mode` as `spark_section` says."""
+    short retry delays (as `write_test_spec`'s), and publishes clicks_raw to `out_topic` (default `<topic>_out`,
+    created here when `bootstrap` is given) in transactions of `transaction_size`. It keeps the shipped sinks of
+    `sink_types` only (by default the row sinks, whose oracles are below); `spark_mode` as `spark_section` says."""
     spec = yaml.safe_load((ROOT / "include/pipelines/clicks.yaml").read_text())
     spec["schedule"] = None
     spec["sinks"] = [sink for sink in spec["sinks"] if sink["type"] in sink_types]
@@ -311,7 +315,7 @@ def write_clicks_test_spec(directory: Path, topic: str, max_records: int, *, out
             sink.update(topic=out_topic, transaction_size=transaction_size)
     if bootstrap:
         create_topic(bootstrap, out_topic, partitions)
-    spec["retries"] = {"count": retries, "delay_seconds": retry_delay}
+    spec["retries"] = {"count": retries, "delay_seconds": retry_delay, "backoff": retry_backoff}
     spec["spark"] = spark_section({**spec["spark"]["conf"], "spark.sql.shuffle.partitions": "2"}, spark_mode)
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "clicks.yaml").write_text(yaml.safe_dump(spec))

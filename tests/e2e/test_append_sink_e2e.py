@@ -102,7 +102,7 @@ def write_spec(directory: Path, topic: str, out_topic: str) -> Path:
              "window": {"start": "window_start", "end": "window_end"}},
             {"name": "clicks_out", "type": "kafka", "topic": out_topic, "source": "clicks_raw", "key": "page"},
         ],
-        "retries": {"count": 3, "delay_seconds": 1},
+        "retries": {"count": 3, "delay_seconds": 1, "backoff": 1},
         "spark": {"mode": "auto", "conf": {"spark.sql.shuffle.partitions": "2"}},  # the suite's Connect server
     }
     directory.mkdir(parents=True, exist_ok=True)

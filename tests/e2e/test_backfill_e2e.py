@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from datetime import UTC, datetime
 
 import pytest
@@ -16,7 +17,7 @@ from sqlalchemy import text
 
 from microbatch.config import find_spec
 from microbatch.dev.datagen import generate_lines, produce_lines
-from microbatch.failpoints import FAILPOINT_DIR_ENV, FAILPOINTS_ENV
+from microbatch.failpoints import FAILPOINT_DIR_ENV, FAILPOINTS_ENV, release
 from microbatch.ledger import repository as repo
 from microbatch.ledger.database import transaction
 from tests.e2e.helpers import (
@@ -29,6 +30,12 @@ from tests.e2e.helpers import (
 )
 
 pytestmark = pytest.mark.e2e
+
+
+def committed_fills(url: str) -> int:
+    with transaction(url) as session:
+        return session.execute(text("SELECT count(*) FROM batches WHERE kind = 'backfill' AND state = 'committed'")
+                               ).scalar_one()
 
 
 def spawn(env: dict[str, str], *args: str) -> subprocess.Popen[str]:
@@ -81,11 +88,17 @@ def test_fill_history_before_the_start_position(service_env, topic, kafka, ledge
         assert session.execute(text("SELECT count(*) FROM batches WHERE kind = 'backfill'")).scalar_one() == 0
 
     # The scheduled runs (the live data) and the fill (the history) run at the same moment, on the
-    # same partitions, each in its own process. The scheduled stage holds 20 s after it has planned (a pause
-    # failpoint, once), so that its open batch and the fill's overlap however fast a Connect stage is.
-    hold = {FAILPOINTS_ENV: "stage.before_read=pause:20", FAILPOINT_DIR_ENV: str(tmp_path / "fired")}
+    # same partitions, each in its own process. The scheduled stage holds after it has planned (a pause
+    # failpoint, once), so that its open batch and the fill's overlap however fast a Connect stage is: until the
+    # fill has committed, then it is released (at most 20 s).
+    fired = tmp_path / "fired"
+    hold = {FAILPOINTS_ENV: "stage.before_read=pause:20", FAILPOINT_DIR_ENV: str(fired)}
     scheduled = spawn({**env, **hold}, "run", "ip_count", "--max-runs", "10")
     filling = spawn(fill_env, "backfill", "ip_count", "--topic", topic, "--start", "0", "--end", "latest")
+    while scheduled.poll() is None and filling.poll() is None and not (
+            (fired / "stage.before_read").exists() and committed_fills(ledger_url)):
+        time.sleep(0.2)
+    release("stage.before_read", fired)
     done_out, _ = filling.communicate(timeout=900)
     scheduled_out, _ = scheduled.communicate(timeout=900)
     assert scheduled.returncode == 0, scheduled_out[-3000:]

@@ -21,7 +21,7 @@ from sqlalchemy import make_url, text
 
 from microbatch.dev.datagen import generate_lines, produce_lines
 from microbatch.dev.spark import SparkConnectServer
-from microbatch.failpoints import FAILPOINT_DIR_ENV, FAILPOINTS_ENV
+from microbatch.failpoints import FAILPOINT_DIR_ENV, FAILPOINTS_ENV, release
 from microbatch.ledger.database import transaction
 from microbatch.runtime import cache_dir
 from microbatch.spark_remote import SHARED_SESSION_SECONDS, display
@@ -211,6 +211,7 @@ def test_the_local_stacks_connect_server_killed_mid_stage_is_restarted_and_the_r
                     time.sleep(0.2)
                 killed_at = time.monotonic()
                 os.killpg(first_pid, signal.SIGKILL)  # the server's whole group: the JVM and its Python workers
+                release("stage.before_read", tmp_path / "fired")  # the stage goes on now, not 6 s after its hold
                 returncode = run.wait(timeout=900)  # a hang guard, not a timing: the test fails past it
             finally:
                 if run.poll() is None:

@@ -100,7 +100,7 @@ def write_spec(directory: Path, topic: str, amount_type: str, delta_upsert: bool
                                         "ts": "timestamp"}}},
         "event_time": {"column": "ts", "window": "1m", "allowed_lateness": "5s"},
         "sinks": sinks,
-        "retries": {"count": 1, "delay_seconds": 1},
+        "retries": {"count": 1, "delay_seconds": 1, "backoff": 1},
         "spark": spark_section({"spark.sql.shuffle.partitions": "2"}, "auto"),
     }
     directory.mkdir(parents=True, exist_ok=True)

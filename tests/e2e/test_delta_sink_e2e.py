@@ -49,7 +49,7 @@ def write_spec(directory: Path, name: str, topic: str, upsert: bool, batch: int 
         "job": {"transform": "spark_jobs.clicks:transform",
                 "options": {"window_seconds": 60, "allowed_lateness_seconds": 5}},
         "sinks": sinks,
-        "retries": {"count": 3, "delay_seconds": 1},
+        "retries": {"count": 3, "delay_seconds": 1, "backoff": 1},
         # Small files on purpose (as small batches make them), for the maintenance DAG to compact.
         "spark": {"mode": "auto", "conf": {"spark.sql.shuffle.partitions": "2",
                                            "spark.sql.files.maxRecordsPerFile": "25"}},

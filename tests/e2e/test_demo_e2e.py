@@ -426,12 +426,10 @@ def test_make_demo_then_make_airflow_on_its_stack_keep_their_secrets_and_make_do
         assert history.returncode == 0 and "committed" in history.stdout
         assert max(len(line) for line in history.stdout.splitlines()) > 80, "piped tables are not cut to 80 columns"
 
-        # `make connect` on the running stack reuses its server; then the secrets sweep: no Connect token or
-        # ledger password in anything the commands printed or the stack wrote (task logs, the Connect server's
-        # log, Kafka's and PostgreSQL's logs, Airflow's files), except the owner-only files that keep them.
-        connect_again = _make(copy, "connect")
-        assert connect_again.returncode == 0, connect_again.stdout + connect_again.stderr
-        assert "already up" in connect_again.stdout, connect_again.stdout
+        # The secrets sweep: no Connect token or ledger password in anything the commands printed or the stack
+        # wrote (task logs, the Connect server's log, Kafka's and PostgreSQL's logs, Airflow's files), except the
+        # owner-only files that keep them. (`make connect` on the running stack, which reuses its server and prints
+        # no secret, is checked once, after the scheduled run below.)
         state = json.loads((copy / ".cache" / "devstack" / "state.json").read_text())
         secrets = {"the Connect token": state["connect_token"],
                    "the ledger password": make_url(state["env"]["MICROBATCH_LEDGER_URL"]).password}
@@ -439,8 +437,7 @@ def test_make_demo_then_make_airflow_on_its_stack_keep_their_secrets_and_make_do
         kept = ("state.json", "env.sh", "postgres/password")  # where the stack keeps them, owner-only
         for name in kept:
             assert (copy / ".cache" / "devstack" / name).stat().st_mode & 0o077 == 0, f"{name} is not owner-only"
-        written = {"make demo": output, "make connect": connect_again.stdout +
-                   connect_again.stderr, "status": status.stdout + status.stderr, "history": history.stdout}
+        written = {"make demo": output, "status": status.stdout + status.stderr, "history": history.stdout}
         devstack = copy / ".cache" / "devstack"
         allowed = {devstack / name for name in kept}
         swept = 0

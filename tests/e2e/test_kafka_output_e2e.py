@@ -65,7 +65,7 @@ def write_spec(directory: Path, topic: str, sql: str) -> None:
                    "columns": {"payment_id": "text", "merchant": "text", "amount_cents": "bigint"}, "sql": sql,
                    "headers": {"source-partition": "partition", "source-offset": "offset"}, "partitions": 3,
                    "transaction_size": 40}],
-        "retries": {"count": 1, "delay_seconds": 1},
+        "retries": {"count": 1, "delay_seconds": 1, "backoff": 1},
         "spark": spark_section({"spark.sql.shuffle.partitions": "2"}, "auto"),
     }
     directory.mkdir(parents=True, exist_ok=True)

@@ -10,7 +10,7 @@ from collections import Counter
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from kafka import KafkaConsumer, KafkaProducer
+from kafka import KafkaProducer
 from sqlalchemy import text
 
 from microbatch.dev.datagen import format_line
@@ -18,6 +18,7 @@ from microbatch.dev.kafka import KafkaBroker, create_topic
 from microbatch.ledger.database import transaction
 from tests.e2e.helpers import (
     positions,
+    read_topic,
     run_log,
     run_pipeline,
     run_watching_arguments,
@@ -94,10 +95,6 @@ def test_pipeline_on_a_sasl_cluster(sasl_broker, ledger_url, tmp_path):
     with transaction(ledger_url) as session:
         outbox = session.execute(text("SELECT count(*) FROM outbox")).scalar_one()
     assert outbox > 0
-    consumer = KafkaConsumer(f"{topic}_out", bootstrap_servers=sasl_broker.sasl_bootstrap_servers,
-                             isolation_level="read_committed", auto_offset_reset="earliest",
-                             consumer_timeout_ms=5000, security_protocol="SASL_PLAINTEXT",
-                             sasl_mechanism="PLAIN", sasl_plain_username="etl", sasl_plain_password=PASSWORD)
-    published = sum(1 for _ in consumer)
-    consumer.close()
+    published = len(read_topic(sasl_broker.sasl_bootstrap_servers, f"{topic}_out", security_protocol="SASL_PLAINTEXT",
+                               sasl_mechanism="PLAIN", sasl_plain_username="etl", sasl_plain_password=PASSWORD))
     assert published == outbox

@@ -177,7 +177,7 @@ def write_spec(directory: Path, topic: str, spark_mode: str) -> Path:
              "keys": ["window_start", "window_end", "merchant"], "sum_columns": ["amount_cents", "payments"],
              "window": {"start": "window_start", "end": "window_end"}},
         ],
-        "retries": {"count": 4, "delay_seconds": 1},
+        "retries": {"count": 4, "delay_seconds": 1, "backoff": 1},
         "spark": spark_section({"spark.sql.shuffle.partitions": "2"}, spark_mode),
     }
     directory.mkdir(parents=True, exist_ok=True)
@@ -320,7 +320,7 @@ def test_record_keyed_upserts_order_by_the_record_timestamp(service_env, topic, 
         "job": {"transform": "tests.e2e.test_keyed_records_e2e:latest_by_producer_time"},
         "sinks": [{"name": "latest_pg", "type": "postgres_upsert", "table": "latest_pg", **upsert},
                   {"name": "latest_lake", "type": "delta", "mode": "upsert", **upsert}],
-        "retries": {"count": 2, "delay_seconds": 1},
+        "retries": {"count": 2, "delay_seconds": 1, "backoff": 1},
         "spark": spark_section({"spark.sql.shuffle.partitions": "2"}, "auto"),
     }
     specs = tmp_path / "pipelines"

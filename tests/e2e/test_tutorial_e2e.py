@@ -1,7 +1,9 @@
 """The tutorial, docs/your-own-pipeline.md, as written: every ```bash block of the page runs, in order, with
 bash -e, in a fresh copy of the repository (its tracked files, `.venv` linked to this checkout's). The test
 session's Kafka and PostgreSQL stand in for the stack `make demo` leaves running: the environment holds their
-addresses and `.cache/devstack/env.sh` exports them, as the stack's does. The page is YAML-first: `new --from-topic`
+addresses and `.cache/devstack/env.sh` exports them, as the stack's does, and the copy's Airflow home
+(`.cache/airflow`) holds a migrated metadata DB, as `make demo` leaves it (the fresh home's `airflow db migrate` is
+the demo test's). The page is YAML-first: `new --from-topic`
 writes the `orders` pipeline from the topic, its table then holds exactly the orders the page produced (its bad
 record a dead letter), the aggregate by SQL added later and filled by a replay holds the amount per minute of event
 time, and the Python pipeline `orders_py` of the second half lands the same orders."""
@@ -17,6 +19,7 @@ import pytest
 from sqlalchemy import text
 
 from microbatch.ledger.database import transaction
+from tests.e2e.helpers import migrated_airflow_home
 from tests.e2e.test_demo_e2e import VENV, _fresh_copy, _user_env
 
 pytestmark = pytest.mark.e2e
@@ -32,6 +35,7 @@ def test_the_tutorial_runs_as_written(service_env, ledger_url, tmp_path: Path) -
     devstack = copy / ".cache" / "devstack"
     devstack.mkdir(parents=True)
     (devstack / "env.sh").write_text("".join(f"export {k}='{v}'\n" for k, v in service_env.items()))
+    migrated_airflow_home(copy / ".cache" / "airflow")  # the home `make demo` migrated (localenv's AIRFLOW_HOME)
     env = {**_user_env(copy), **service_env, "PYTHONPATH": f"{copy / 'include'}{os.pathsep}{copy}"}
 
     outputs = []

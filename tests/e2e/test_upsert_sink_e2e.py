@@ -58,7 +58,7 @@ def write_spec(directory: Path, topic: str) -> Path:
         "sinks": [{"name": "user_last_page", "type": "postgres_upsert", "table": "user_last_page",
                    "columns": {"user": "text", "page": "text", "ts": "timestamptz"}, "keys": ["user"],
                    "order_by": "ts", "delete_column": "forget"}],
-        "retries": {"count": 3, "delay_seconds": 1},
+        "retries": {"count": 3, "delay_seconds": 1, "backoff": 1},
         "spark": {"mode": "auto", "conf": {"spark.sql.shuffle.partitions": "2"}},  # the suite's Connect server
     }
     directory.mkdir(parents=True, exist_ok=True)

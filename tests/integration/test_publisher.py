@@ -23,7 +23,7 @@ from microbatch.ledger.database import Ledger, publish_lock, transaction
 from microbatch.phases.publish import last_published_seq, publish_sink
 from microbatch.settings import KafkaSettings
 from microbatch.types import OffsetRange, Plan
-from tests.e2e.helpers import read_output, write_test_spec
+from tests.e2e.helpers import read_output, read_topic, write_test_spec
 
 pytestmark = pytest.mark.integration
 
@@ -107,11 +107,7 @@ def test_zombie_publisher_is_fenced_and_its_records_stay_invisible(outbox, ledge
     zombie.close(timeout=5)
     assert_published_once(kafka.bootstrap_servers, topic, 1200)
     # read_uncommitted may see the zombie's aborted records; read_committed never does.
-    uncommitted = KafkaConsumer(bootstrap_servers=kafka.bootstrap_servers, isolation_level="read_uncommitted",
-                                group_id=None, auto_offset_reset="earliest", consumer_timeout_ms=3000)
-    uncommitted.subscribe([topic])
-    dirty = [m for m in uncommitted if m.key == b"zombie"]
-    uncommitted.close()
+    dirty = [m for m in read_topic(kafka.bootstrap_servers, topic, "read_uncommitted") if m.key == b"zombie"]
     assert len(dirty) == 5
     assert all(v.get("zombie") is None for _, v in read_output(kafka.bootstrap_servers, topic))
 

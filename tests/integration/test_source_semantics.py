@@ -28,6 +28,7 @@ from microbatch.phases.reporting import log_plan_summary
 from microbatch.planning import find_holes, spark_splits
 from microbatch.settings import KafkaSettings
 from microbatch.types import OffsetRange, TopicPartition
+from tests.e2e.helpers import read_topic
 
 pytestmark = pytest.mark.integration
 
@@ -522,8 +523,6 @@ def test_spark_refuses_offsets_deleted_after_planning(spark, kafka, topic):
 def test_compacted_topic_with_offset_holes(spark, kafka, ledger_url):
     """Compaction leaves holes in the offsets: the plan covers them, Spark reads the survivors, and the
     ledger moves past the holes as it does past transaction markers."""
-    from kafka import KafkaConsumer
-
     bootstrap = kafka.bootstrap_servers
     topic = f"compacted_{uuid.uuid4().hex[:8]}"
     create_topic(bootstrap, topic, 1, config={"cleanup.policy": "compact", "segment.ms": "100",
@@ -535,12 +534,7 @@ def test_compacted_topic_with_offset_holes(spark, kafka, ledger_url):
     producer.flush()
 
     def survivors() -> list[int]:
-        consumer = KafkaConsumer(bootstrap_servers=bootstrap, group_id=None, consumer_timeout_ms=2000,
-                                 auto_offset_reset="earliest")
-        consumer.assign([KTP(topic, 0)])
-        offsets = [r.offset for r in consumer]
-        consumer.close()
-        return offsets
+        return [r.offset for r in read_topic(bootstrap, topic)]
 
     deadline = time.monotonic() + 120
     offsets = survivors()

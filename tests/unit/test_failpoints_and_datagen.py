@@ -53,6 +53,24 @@ def test_pause_failpoint_holds_once_and_marks(tmp_path, monkeypatch):
     assert time.monotonic() - started < 0.2
 
 
+def test_a_released_pause_ends_before_its_seconds(tmp_path, monkeypatch):
+    """A test that held a run at a pause and applied its fault releases it: the run goes on at its next look."""
+    monkeypatch.delenv(failpoints.FAILPOINTS_ENV, raising=False)
+    monkeypatch.setenv(failpoints.FAILPOINT_DIR_ENV, str(tmp_path))
+    (tmp_path / failpoints.ARMED_FILE).write_text("stage.before_read=pause:3600")
+    naps: list[float] = []
+
+    def nap(seconds: float) -> None:  # the fault is applied while the run holds: then the test releases it
+        naps.append(seconds)
+        assert (tmp_path / "stage.before_read").exists()  # marked before it holds
+        if len(naps) == 3:
+            failpoints.release("stage.before_read", tmp_path)
+
+    monkeypatch.setattr(failpoints.time, "sleep", nap)
+    failpoints.point("stage.before_read").hit()
+    assert len(naps) == 3  # it looked once more after the release, and went on
+
+
 def test_failpoint_syntax_keeps_every_old_form_and_adds_a_counted_kill():
     armed = failpoints.parse(" commit.before_commit, publish.after_commit=kill,publish.before_commit=pause:2.5,"
                              "stage.read=7:kill ")

@@ -103,7 +103,7 @@ def test_the_connect_retry_policy_waits_under_a_minute_where_pysparks_default_wa
 def test_the_policy_is_pysparks_default_policy_with_the_shipped_parameters():
     retries = pytest.importorskip("pyspark.sql.connect.client.retries")
     policy = connect_retry_policy()
-    assert type(policy) is retries.DefaultPolicy  # so it retries what pyspark retries, only for less long
+    assert isinstance(policy, retries.DefaultPolicy)  # so it retries what pyspark retries, only for less long
     assert {name: getattr(policy, name) for name in asdict(CONNECT_RETRY)} == asdict(CONNECT_RETRY)
     assert retry_wait_bound(policy) == retry_wait_bound(CONNECT_RETRY)
     assert retry_wait_bound(retries.DefaultPolicy()) > 600  # what a session without the policy waits
@@ -148,6 +148,48 @@ def test_pysparks_own_retries_sleep_no_longer_than_the_bound(monkeypatch, retry_
                 raise error
     assert calls == CONNECT_RETRY.max_retries + 1
     assert sum(sleeps) == pytest.approx(slept) and sum(sleeps) <= retry_wait_bound(CONNECT_RETRY)  # 600 s asked
+
+
+def test_once_a_call_gave_up_on_a_lost_server_the_clients_next_calls_fail_at_once(monkeypatch):
+    """pyspark swallows a failed call and makes the next one (the first plan's compression settings): the second
+    call of a client whose server is gone fails without the bound's waits; a new client's policy retries again."""
+    retries = pytest.importorskip("pyspark.sql.connect.client.retries")
+    monkeypatch.setattr(retries.random, "uniform", lambda low, high: high)
+    policy, error = connect_retry_policy(), _unavailable(None)
+    rounds: list[list[float]] = []
+    for warns in (True, False):
+        sleeps: list[float] = []
+        with pytest.raises(type(error)):
+            with pytest.warns(UserWarning, match="RETRIES_EXCEEDED") if warns else _no_warning():
+                for attempt in retries.Retrying([policy], sleep=sleeps.append):
+                    with attempt:
+                        raise error
+        rounds.append(sleeps)
+    assert sum(rounds[0]) == pytest.approx(32.5) and rounds[1] == []
+    other: list[float] = []
+    with pytest.raises(ValueError):  # what pyspark does not retry passes through, as before
+        for attempt in retries.Retrying([policy], sleep=other.append):
+            with attempt:
+                raise ValueError("not a gRPC failure")
+    fresh: list[float] = []
+    with pytest.raises(type(error)), pytest.warns(UserWarning, match="RETRIES_EXCEEDED"):
+        for attempt in retries.Retrying([connect_retry_policy()], sleep=fresh.append):
+            with attempt:
+                raise error
+    assert other == [] and sum(fresh) == pytest.approx(32.5)
+
+
+def _no_warning():
+    import contextlib
+    import warnings
+
+    @contextlib.contextmanager
+    def scope():
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            yield
+
+    return scope()
 
 
 def test_a_session_on_a_dead_server_opens_without_a_call_and_stops_within_the_bound(monkeypatch):

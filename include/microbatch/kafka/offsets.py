@@ -60,6 +60,15 @@ def broker_unreachable(kafka: KafkaSettings) -> MicrobatchError:
     )
 
 
+def require_listener(kafka: KafkaSettings) -> None:
+    """Fail at once, with `broker_unreachable`'s sentence, when no bootstrap server accepts a TCP connection: a
+    closed port is refused in milliseconds, where a kafka-python client waits its 30-s bootstrap timeout before it
+    says the same. For the CLI's own producers (`generate`); a task's client keeps the wait, which rides over a
+    broker that is restarting."""
+    if not _listening(kafka.bootstrap_servers):
+        raise broker_unreachable(kafka)
+
+
 @contextmanager
 def offsets_client(
     kafka: KafkaSettings, isolation_level: str = "read_committed", group_id: str | None = None,
