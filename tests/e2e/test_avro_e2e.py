@@ -165,7 +165,7 @@ def write_spec(directory: Path, topic: str, spark_mode: str) -> Path:
              "keys": ["window_start", "window_end", "merchant"], "sum_columns": ["amount_cents", "payments"],
              "window": {"start": "window_start", "end": "window_end"}},
         ],
-        "retries": {"count": 2, "delay_seconds": 1},
+        "retries": {"count": 2, "delay_seconds": 1, "backoff": 1},
         "spark": spark_section({"spark.sql.shuffle.partitions": "2"}, spark_mode),
     }
     directory.mkdir(parents=True, exist_ok=True)
