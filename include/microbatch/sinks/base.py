@@ -31,7 +31,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -133,6 +133,8 @@ class StageContext:
     batch_id: int
     attempt: int
     ranges: Sequence[OffsetRange]
+    ledger: Ledger | None = None
+    """The ledger, for a sink that fences its table's commit by the batch's row lock (`ledger/lake.fenced`)."""
 
 
 @dataclass(frozen=True)
@@ -432,7 +434,7 @@ def write_table(sink: Sink, rows: DataFrame, ledger: Ledger, ctx: StageContext) 
     with table_write(ledger, ctx.pipeline_id, sink.name, ctx.batch_id, ctx.attempt) as write:
         BEFORE_LAKE_COMMIT.hit()
         started = time.monotonic()
-        written = sink.write_in_stage(rows, ctx)
+        written = sink.write_in_stage(rows, replace(ctx, ledger=ledger))
         log.info("  %s: %s %s rows as version %s of %s (%.1fs)", sink.name,
                  "wrote" if written.wrote else f"found (written by attempt {written.attempt})", written.rows,
                  written.version, written.location, time.monotonic() - started)
