@@ -75,7 +75,7 @@ def snapshots_by_batch(url: str, warehouse: Path, pipeline: str) -> dict[int, li
     """Every batch id in the table's snapshot summaries, with the snapshots holding it."""
     out: dict[int, list[int]] = {}
     for snapshot in iceberg_table(url, warehouse, pipeline).snapshots():
-        meta = json.loads((snapshot.summary or {}).get("microbatch") or "{}")
+        meta = json.loads((snapshot.summary or {}).get("microbatch") or "{}").get("microbatch")
         if meta:
             out.setdefault(meta["batch_id"], []).append(snapshot.snapshot_id)
     return out
