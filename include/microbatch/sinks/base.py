@@ -237,6 +237,9 @@ class Sink:
     publishes: ClassVar[bool] = False
     """Publishes to Kafka: its commit writes outbox rows, which the publish task (after the commit) sends; its
     assets are the publish task's outlets."""
+    maintains_with_spark: ClassVar[bool] = True
+    """Its maintenance needs Spark (`maintain`, in a spark-submit); False: the `<pipeline>__maintenance` DAG runs
+    `maintain_lake` in the Airflow task, with no JVM, when no other sink of the pipeline needs Spark."""
     maintenance_summary: ClassVar[str] = ""
     """What the `<pipeline>__maintenance` DAG does to this sink's table, for the DAG's description."""
 
@@ -311,16 +314,16 @@ class Sink:
 
     # --- the lakehouse table, outside Postgres (`microbatch migrate`, the plan check, verify, maintenance) ----
 
-    def lake_refusal(self) -> str | None:
+    def lake_refusal(self, ledger_url: str) -> str | None:
         """The first change of the lakehouse table that `migrate_lake` would refuse, as a sentence; checked before
-        anything is migrated."""
+        anything is migrated. `ledger_url`: the ledger's database, which may hold the table's catalog."""
         return None
 
-    def migrate_lake(self) -> list[str]:
+    def migrate_lake(self, ledger_url: str) -> list[str]:
         """Create the lakehouse table, or make its additive changes; what was done, one line each."""
         return []
 
-    def check_lake(self, spec: PipelineSpec) -> None:
+    def check_lake(self, spec: PipelineSpec, ledger_url: str) -> None:
         """Refuse (`SpecError`) a batch while the lakehouse table is missing or differs from the spec."""
         return None
 
@@ -335,6 +338,10 @@ class Sink:
 
     def maintain(self, spark: SparkSession) -> None:
         """The maintenance DAG's job for this sink (compaction, clean-up), in a spark-submit."""
+        return None
+
+    def maintain_lake(self, ledger_url: str) -> None:
+        """The maintenance DAG's job for this sink when it `maintains_with_spark` False: in the Airflow task."""
         return None
 
     def replay_footprint(self, session: Session, keys: str) -> tuple[int, object, object] | None:

@@ -45,7 +45,7 @@ from microbatch.errors import MicrobatchError, SpecError
 from microbatch.ledger import lake
 from microbatch.ledger import repository as repo
 from microbatch.ledger.models import OPEN_STATES, BatchState
-from microbatch.settings import ledger_url
+from microbatch.settings import ledger_url as configured_ledger_url
 from microbatch.sinks.base import (
     AssetRef,
     CommitContext,
@@ -551,6 +551,7 @@ class IcebergTableSink(Sink):
 
     type = "iceberg"
     writes_in_stage = True
+    maintains_with_spark = False
     maintenance_summary = "Remove the orphaned data files of the Iceberg tables"
     spec: IcebergSink
 
@@ -584,16 +585,16 @@ class IcebergTableSink(Sink):
         """The warehouse, resolved in the task, so the driver writes where `microbatch verify` reads."""
         return {WAREHOUSE_ENV: warehouse()}
 
-    def lake_refusal(self) -> str | None:
-        table = load(self.spec, ledger_url())
+    def lake_refusal(self, ledger_url: str) -> str | None:
+        table = load(self.spec, ledger_url)
         refused = table is not None and differences(self.spec, table)[1]
         return refused or None
 
-    def migrate_lake(self) -> list[str]:
-        return migrate_table(self.spec, ledger_url())
+    def migrate_lake(self, ledger_url: str) -> list[str]:
+        return migrate_table(self.spec, ledger_url)
 
-    def check_lake(self, spec: PipelineSpec) -> None:
-        check_table(spec, self.spec, ledger_url())
+    def check_lake(self, spec: PipelineSpec, ledger_url: str) -> None:
+        check_table(spec, self.spec, ledger_url)
 
     def audit(self, session: Session, spec: PipelineSpec, pipeline_id: int, uid: str) -> tuple[list[str], list[str]]:
         return audit(session, spec, self.spec, pipeline_id, uid)
@@ -602,10 +603,13 @@ class IcebergTableSink(Sink):
         if group_by is not None and group_by not in self.spec.columns:
             raise SpecError(f"Sink '{self.name}' has no column '{group_by}'.",
                             fix=f"Use one of: {', '.join(self.spec.columns)}.")
-        return table_view(self.spec, ledger_url(), limit, group_by)
+        return table_view(self.spec, configured_ledger_url(), limit, group_by)
 
     def maintain(self, spark: SparkSession) -> None:
-        maintain(self.spec, ledger_url())
+        maintain(self.spec, configured_ledger_url())
+
+    def maintain_lake(self, ledger_url: str) -> None:
+        maintain(self.spec, ledger_url)
 
     def write_in_stage(self, rows: DataFrame, ctx: StageContext) -> TableWrite:
         found, wrote = write_batch(rows, self.spec, Owner(ctx.pipeline, ctx.pipeline_uid, self.name), ctx)
