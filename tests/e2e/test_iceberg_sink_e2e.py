@@ -2,12 +2,13 @@
 spark-submit run) and Airflow (`dag.test()`), read back by pyiceberg's own catalog and scan, never the project's
 code.
 
-JSON clicks land in an append table partitioned by `day(ts)`, through crashes by os._exit and by SIGKILL after
-Spark wrote the data files and before the Iceberg commit, after that commit and before the ledger records it, and
-inside the ledger's commit; and through a zombie: an attempt held at a `pause:` failpoint after its files while a
-newer attempt of the batch commits, whose Iceberg commit is then refused. After each, the table equals an oracle
-computed here from the produced records, every committed batch is in exactly one snapshot, `microbatch verify`
-passes and lists the orphaned files, which `microbatch maintain` removes. A replay is refused in one sentence."""
+JSON clicks land in an append table partitioned by `day(ts)`. One batch goes through a zombie (attempt 1 held at a
+`pause:` failpoint after writing its files, its stage lock lost, so newer attempts run meanwhile and its Iceberg
+commit is refused) and through crashes of the newer attempts: by SIGKILL after Spark wrote the data files and before
+the Iceberg commit, by os._exit after that commit and before the ledger records it, and by os._exit inside the
+ledger's commit. Then the table equals an oracle computed here from the produced records, every committed batch is in
+exactly one snapshot, `microbatch verify` passes and lists the orphaned files, which `microbatch maintain` removes.
+Meanwhile the same records go through spark-submit into a second table (the smoke run of the other Spark mode)."""
 
 from __future__ import annotations
 
@@ -23,12 +24,14 @@ import pytest
 import yaml
 from pyiceberg.catalog.sql import SqlCatalog
 from sqlalchemy import text
+from typer.testing import CliRunner
 
+from microbatch.cli import app
 from microbatch.dev.datagen import generate_clicks, produce_lines
 from microbatch.failpoints import FAILPOINT_DIR_ENV, FAILPOINTS_ENV
 from microbatch.ledger.database import STAGE_LOCK_NAMESPACE, transaction
 from tests.e2e.helpers import cli, migrated_airflow_home
-from tests.e2e.test_delta_sink_e2e import cli_long, committed_ranges, crash_and_recover, dag_folder, facts, run
+from tests.e2e.test_delta_sink_e2e import committed_ranges, crash_and_recover, dag_folder, facts
 
 pytestmark = pytest.mark.e2e
 
@@ -81,6 +84,13 @@ def snapshots_by_batch(url: str, warehouse: Path, pipeline: str) -> dict[int, li
     return out
 
 
+def verify(env: dict[str, str], pipeline: str) -> str:
+    """`microbatch verify PIPELINE` in this process (no interpreter to start); it must pass: its output."""
+    done = CliRunner().invoke(app, ["verify", pipeline], env=env)
+    assert done.exit_code == 0, done.output
+    return done.output
+
+
 def check_table(url: str, env: dict[str, str], pipeline: str, warehouse: Path, valid: list[tuple]) -> str:
     """Table = oracle, every committed batch in exactly one snapshot and no other batch; verify passes (its
     output)."""
@@ -89,10 +99,9 @@ def check_table(url: str, env: dict[str, str], pipeline: str, warehouse: Path, v
     committed = sorted(b for b, _ in committed_ranges(url, pipeline))
     assert sorted(held) == committed, f"batches in the table {sorted(held)} != committed {committed}"
     assert all(len(s) == 1 for s in held.values()), f"a batch in two snapshots: {held}"
-    verified = cli(env, "verify", pipeline)
-    assert verified.returncode == 0, verified.stdout + verified.stderr
-    assert f"iceberg {SINK}: {len(committed)} committed batches, each in one snapshot" in verified.stdout
-    return verified.stdout
+    out = verify(env, pipeline)
+    assert f"iceberg {SINK}: {len(committed)} committed batches, each in one snapshot" in " ".join(out.split())
+    return " ".join(out.split())
 
 
 def produce(kafka, topic: str, n: int, i: int) -> list[tuple]:
@@ -101,82 +110,74 @@ def produce(kafka, topic: str, n: int, i: int) -> list[tuple]:
     return facts(clicks, produce_lines(kafka.bootstrap_servers, topic, clicks))
 
 
-def test_iceberg_sink_exactly_once_through_crashes(service_env, topic, kafka, ledger_url, tmp_path):
+def spawn(env: dict[str, str], *args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-m", "microbatch.cli", *args], env={**os.environ, **env},
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def test_iceberg_sink_exactly_once_through_a_zombie_and_crashes(service_env, topic, kafka, ledger_url, tmp_path):
     warehouse = tmp_path / "warehouse"
     specs = tmp_path / "pipelines"
     write_spec(specs, "ice", topic, "auto", batch=150)
+    write_spec(specs, "ice_submit", topic, "submit", batch=500)
     env = {**service_env, "MICROBATCH_PIPELINES_DIR": str(specs), "MICROBATCH_WAREHOUSE": str(warehouse),
-           **dag_folder(tmp_path, "ice")}
+           **dag_folder(tmp_path, "ice", "ice_submit")}
     migrated = cli(env, "migrate")
     assert migrated.returncode == 0, migrated.stdout + migrated.stderr
     table = iceberg_table(ledger_url, warehouse, "ice")
     assert [str(f.transform) for f in table.spec().fields] == ["day"]
     assert str(table.schema().find_field("ts").field_type) == "timestamptz"
+    valid = produce(kafka, topic, 300, 0)  # two batches of "ice", one of "ice_submit"
 
-    # Every crash point by os._exit, then by SIGKILL (the ledger commit's SIGKILL is the crash matrix's, tests/chaos):
-    # after the data files, after the Iceberg commit (before the ledger records it), inside the ledger's commit.
-    rounds = [("stage.lake_files_written", "stage.lake_commit_unrecorded", "commit.before_commit"),
-              ("stage.lake_files_written=kill", "stage.lake_commit_unrecorded=kill")]
-    valid: list[tuple] = []
-    for i, points in enumerate(rounds):
-        valid += produce(kafka, topic, 300, i)
-        crash_and_recover(env, "ice", {FAILPOINTS_ENV: ",".join(points)}, tmp_path / f"fired{i}")
-        out = check_table(ledger_url, env, "ice", warehouse, valid)
-    assert "orphaned data files of 2 attempts that never committed" in out, out
-
-    # A zombie: attempt 1 of a batch holds after writing its files; its stage lock is lost (as when Postgres
-    # drops the connection), so a second run stages attempt 2 and commits the batch. Attempt 1's Iceberg commit is
-    # then refused by the ledger's fence, and its files are orphans.
-    valid += produce(kafka, topic, 100, 2)
+    # Attempt 1 of batch 1 holds after writing its files; its stage lock is lost (as when Postgres drops the
+    # connection), so newer attempts stage the batch meanwhile.
     fired = tmp_path / "fired-zombie"
-    zombie = subprocess.Popen(
-        [sys.executable, "-m", "microbatch.cli", "run", "ice", "--max-runs", "1"],
-        env={**os.environ, **env, FAILPOINTS_ENV: "stage.lake_files_written=pause:30", FAILPOINT_DIR_ENV: str(fired)},
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    zombie = spawn({**env, "AIRFLOW_HOME": str(migrated_airflow_home(tmp_path / "airflow-zombie")),
+                    FAILPOINTS_ENV: "stage.lake_files_written=pause:40", FAILPOINT_DIR_ENV: str(fired)},
+                   "run", "ice", "--max-runs", "1")
     deadline = time.monotonic() + 120
     while not (fired / "stage.lake_files_written").exists():
         assert zombie.poll() is None and time.monotonic() < deadline, zombie.communicate()[0][-3000:]
         time.sleep(0.2)
     with transaction(ledger_url) as session:
         dropped = session.execute(text(
-            "SELECT count(pg_terminate_backend(pid)) FROM pg_locks WHERE locktype = 'advisory' AND classid = :ns "
-            "AND granted"), {"ns": STAGE_LOCK_NAMESPACE}).scalar_one()
+            "SELECT count(pg_terminate_backend(l.pid)) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid "
+            "WHERE l.locktype = 'advisory' AND l.classid = :ns AND l.objid = (SELECT max(b.id) FROM batches b "
+            "JOIN pipelines p ON p.id = b.pipeline_id WHERE p.name = 'ice') AND l.granted "
+            "AND a.datname = current_database()"), {"ns": STAGE_LOCK_NAMESPACE}).scalar_one()
     assert dropped == 1
-    newer = run({**env, "AIRFLOW_HOME": str(migrated_airflow_home(tmp_path / "airflow-newer"))}, "ice")
-    assert newer.returncode == 0, newer.stdout[-3000:] + newer.stderr[-3000:]
+
+    # The spark-submit smoke run, alongside (its own Airflow home: one SQLite file per dag.test() process).
+    submit = spawn({**env, "AIRFLOW_HOME": str(migrated_airflow_home(tmp_path / "airflow-submit"))},
+                   "run", "ice_submit", "--max-runs", "3")
+
+    # The newer attempts crash at every point of the two commits: SIGKILL after the data files (before the Iceberg
+    # commit), os._exit after the Iceberg commit (before the ledger records it), os._exit inside the ledger's commit
+    # (its SIGKILL is the crash matrix's, tests/chaos). The zombie's Iceberg commit is refused meanwhile.
+    crash_and_recover(env, "ice", {FAILPOINTS_ENV: "stage.lake_files_written=kill,stage.lake_commit_unrecorded,"
+                                                   "commit.before_commit"}, tmp_path / "fired")
     zombie_out, _ = zombie.communicate(timeout=300)
     assert "is a zombie and does not write clicks_lake" in zombie_out, zombie_out[-4000:]
     out = check_table(ledger_url, env, "ice", warehouse, valid)
-    assert "orphaned data files of 3 attempts that never committed" in out, out
+    assert "orphaned data files of 2 attempts that never committed" in out, out
+    assert "microbatch-1-1" in out and "microbatch-1-2" in out, out
 
-    # The maintenance DAG removes the orphans and nothing else.
-    maintained = cli_long(env, "maintain", "ice")
+    # The maintenance DAG (a task: Iceberg's orphan removal needs no Spark) removes the orphans and nothing else.
+    maintained = cli(env, "maintain", "ice")
     assert maintained.returncode == 0, (maintained.stdout + maintained.stderr)[-4000:]
     out = check_table(ledger_url, env, "ice", warehouse, valid)
     assert "orphaned" not in out, out
     folders = sorted(p.name for p in (warehouse / "ice_clicks" / "data").iterdir())
     assert len(folders) == len(committed_ranges(ledger_url, "ice")), folders
 
-    # A replay into an Iceberg table is refused before anything opens.
-    with transaction(ledger_url) as session:
-        before = session.execute(text("SELECT count(*) FROM batches")).scalar_one()
-    refused = cli(env, "backfill", "ice", "--topic", topic, "--mode", "replay", "--partitions", "0",
-                  "--start", "0", "--end", "10")
-    assert refused.returncode != 0
-    assert "is an iceberg table, which microbatch cannot replay into yet" in refused.stdout + refused.stderr
-    with transaction(ledger_url) as session:
-        assert session.execute(text("SELECT count(*) FROM batches")).scalar_one() == before
+    # `microbatch find` names the snapshot that holds an offset.
+    batch_id, ranges = committed_ranges(ledger_url, "ice")[0]
+    partition, start, _ = ranges[0]
+    found = CliRunner().invoke(app, ["find", "ice", topic, str(partition), str(start)], env=env)
+    assert found.exit_code == 0, found.output
+    snapshot = snapshots_by_batch(ledger_url, warehouse, "ice")[batch_id][0]
+    assert f"iceberg {SINK}: in snapshot {snapshot} of ice.{SINK}" in " ".join(found.output.split()), found.output
 
-
-def test_iceberg_sink_spark_submit(service_env, topic, kafka, ledger_url, tmp_path):
-    """The same sink staged by spark-submit (Spark's own driver writes the files): table = oracle, verify passes."""
-    warehouse = tmp_path / "warehouse"
-    specs = tmp_path / "pipelines"
-    write_spec(specs, "ice_submit", topic, "submit", batch=500)
-    env = {**service_env, "MICROBATCH_PIPELINES_DIR": str(specs), "MICROBATCH_WAREHOUSE": str(warehouse),
-           **dag_folder(tmp_path, "ice_submit")}
-    assert cli(env, "migrate").returncode == 0
-    valid = produce(kafka, topic, 400, 0)
-    done = run(env, "ice_submit")
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    submit_out, _ = submit.communicate(timeout=600)
+    assert submit.returncode == 0, submit_out[-4000:]
     check_table(ledger_url, env, "ice_submit", warehouse, valid)

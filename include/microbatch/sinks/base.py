@@ -336,6 +336,10 @@ class Sink:
         sink has no lakehouse table."""
         return None
 
+    def holding_text(self, location: str, version: int) -> str:
+        """How `microbatch find` names the table version (at `location`) that the ledger recorded for a batch."""
+        return f"{self.type} {self.name}: in version {version} of {location}"
+
     def maintain(self, spark: SparkSession) -> None:
         """The maintenance DAG's job for this sink (compaction, clean-up), in a spark-submit."""
         return None

@@ -169,17 +169,20 @@ def _normal(path: str) -> str:
 # --- the catalog and the table (pyiceberg) ---------------------------------------------------------------
 
 
-@lru_cache(maxsize=4)
 def catalog(url: str, init: bool = False) -> SqlCatalog:
-    """pyiceberg's SQL catalog in the ledger's database `url`; with `init` its two tables are created if missing
-    (only `microbatch migrate` does that: no DDL at run time)."""
+    """pyiceberg's SQL catalog in the ledger's database `url` (one per process, URL and warehouse); with `init` its
+    two tables are created if missing (only `microbatch migrate` does that: no DDL at run time)."""
+    return _catalog(url, warehouse(), init)
+
+
+@lru_cache(maxsize=8)
+def _catalog(url: str, base: str, init: bool) -> SqlCatalog:
     from pyiceberg.catalog.sql import SqlCatalog
     from sqlalchemy.engine import make_url
 
     parsed = make_url(url)
     if parsed.drivername == "postgresql":
         parsed = parsed.set(drivername="postgresql+psycopg")
-    base = warehouse()
     return SqlCatalog(CATALOG, uri=parsed.render_as_string(hide_password=False),
                       warehouse=base if "://" in base else f"file://{base}",
                       init_catalog_tables="true" if init else "false")
@@ -604,6 +607,9 @@ class IcebergTableSink(Sink):
             raise SpecError(f"Sink '{self.name}' has no column '{group_by}'.",
                             fix=f"Use one of: {', '.join(self.spec.columns)}.")
         return table_view(self.spec, configured_ledger_url(), limit, group_by)
+
+    def holding_text(self, location: str, version: int) -> str:
+        return f"iceberg {self.name}: in snapshot {version} of {'.'.join(identifier(self.spec))} ({location})"
 
     def maintain(self, spark: SparkSession) -> None:
         maintain(self.spec, configured_ledger_url())
