@@ -756,13 +756,14 @@ _PARTITION_TRANSFORM = re.compile(r"(?:(year|month|day|hour)\(([a-z_][a-z0-9_]*)
 
 
 class LakeMaintenance(_Strict):
-    """The `<pipeline>__maintenance` DAG of a lakehouse sink: compact small files, then remove the files no
-    retained version needs."""
+    """The `<pipeline>__maintenance` DAG of a lakehouse sink: for Delta, compact small files, then remove the files
+    no retained version needs; for Iceberg, remove the files of attempts that never committed."""
 
     schedule: str = "@daily"
     """Cron expression or preset of the maintenance DAG."""
     retain_hours: int = Field(default=168, ge=0)
-    """VACUUM keeps the files of versions younger than this (Delta's default: 7 days)."""
+    """VACUUM keeps the files of versions younger than this (Delta's default: 7 days); an Iceberg table's
+    maintenance keeps the orphaned files of attempts younger than this."""
     listing_tasks: int = Field(default=64, ge=1)
     """Spark tasks VACUUM lists the table's directories with (`spark.sql.sources.parallelPartitionDiscovery.
     parallelism` during VACUUM). Spark's default, 10,000, makes 10,000 tiny tasks whatever the table's size: 20 s
@@ -773,7 +774,7 @@ class LakeMaintenance(_Strict):
 class DeltaSink(SinkModel):
     """A Delta Lake table written by Spark's executors, exactly once per batch: each batch is ONE Delta commit
     carrying the batch's idempotency key (`txnAppId`) and its ranges (`userMetadata`); the ledger keeps which
-    table version holds which batch. (Iceberg publishes no Spark runtime for Spark 4.2: see docs/sinks.md.)"""
+    table version holds which batch. (Its Iceberg counterpart is the `iceberg` sink: see docs/sinks.md.)"""
 
     type: Literal["delta"]
     path: str | None = None

@@ -8,7 +8,8 @@ commit is refused) and through crashes of the newer attempts: by SIGKILL after S
 the Iceberg commit, by os._exit after that commit and before the ledger records it, and by os._exit inside the
 ledger's commit. Then the table equals an oracle computed here from the produced records, every committed batch is in
 exactly one snapshot, `microbatch verify` passes and lists the orphaned files, which `microbatch maintain` removes.
-Meanwhile the same records go through spark-submit into a second table (the smoke run of the other Spark mode)."""
+Meanwhile the same records go through spark-submit into a second table (the smoke run of the other Spark mode),
+whose driver dies by os._exit after the data files and by SIGKILL after the Iceberg commit."""
 
 from __future__ import annotations
 
@@ -147,8 +148,13 @@ def test_iceberg_sink_exactly_once_through_a_zombie_and_crashes(service_env, top
             "AND a.datname = current_database()"), {"ns": STAGE_LOCK_NAMESPACE}).scalar_one()
     assert dropped == 1
 
-    # The spark-submit smoke run, alongside (its own Airflow home: one SQLite file per dag.test() process).
-    submit = spawn({**env, "AIRFLOW_HOME": str(migrated_airflow_home(tmp_path / "airflow-submit"))},
+    # The spark-submit smoke run, alongside (its own Airflow home: one SQLite file per dag.test() process). Its
+    # driver dies by os._exit after the data files, then by SIGKILL after the Iceberg commit; Airflow's retries of
+    # the stage finish the batch.
+    submit_fired = tmp_path / "fired-submit"
+    submit = spawn({**env, "AIRFLOW_HOME": str(migrated_airflow_home(tmp_path / "airflow-submit")),
+                    FAILPOINTS_ENV: "stage.lake_files_written,stage.lake_commit_unrecorded=kill",
+                    FAILPOINT_DIR_ENV: str(submit_fired)},
                    "run", "ice_submit", "--max-runs", "3")
 
     # The newer attempts crash at every point of the two commits: SIGKILL after the data files (before the Iceberg
@@ -180,4 +186,5 @@ def test_iceberg_sink_exactly_once_through_a_zombie_and_crashes(service_env, top
 
     submit_out, _ = submit.communicate(timeout=600)
     assert submit.returncode == 0, submit_out[-4000:]
+    assert sorted(os.listdir(submit_fired)) == ["stage.lake_commit_unrecorded", "stage.lake_files_written"]
     check_table(ledger_url, env, "ice_submit", warehouse, valid)
