@@ -17,6 +17,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -116,11 +117,26 @@ def spawn(env: dict[str, str], *args: str) -> subprocess.Popen[str]:
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
+def stage_lock_sql(action: str) -> str:
+    """`action` (a count of pids, or of terminated backends) over the sessions holding the stage lock of pipeline
+    `ice`'s newest batch in this test's database."""
+    return (f"SELECT count({action}) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid WHERE l.locktype = "
+            "'advisory' AND l.classid = :ns AND l.objid = (SELECT max(b.id) FROM batches b JOIN pipelines p ON "
+            "p.id = b.pipeline_id WHERE p.name = 'ice') AND l.granted AND a.datname = current_database()")
+
+
+def wait_for(condition, seconds: float, process: subprocess.Popen[str]) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert process.poll() is None and time.monotonic() < deadline, process.communicate()[0][-3000:]
+        time.sleep(0.2)
+
+
 def test_iceberg_sink_exactly_once_through_a_zombie_and_crashes(service_env, topic, kafka, ledger_url, tmp_path):
     warehouse = tmp_path / "warehouse"
     specs = tmp_path / "pipelines"
-    write_spec(specs, "ice", topic, "auto", batch=150)
-    write_spec(specs, "ice_submit", topic, "submit", batch=500)
+    write_spec(specs, "ice", topic, "auto", batch=300)
+    write_spec(specs, "ice_submit", topic, "submit", batch=300)
     env = {**service_env, "MICROBATCH_PIPELINES_DIR": str(specs), "MICROBATCH_WAREHOUSE": str(warehouse),
            **dag_folder(tmp_path, "ice", "ice_submit")}
     migrated = cli(env, "migrate")
@@ -128,25 +144,30 @@ def test_iceberg_sink_exactly_once_through_a_zombie_and_crashes(service_env, top
     table = iceberg_table(ledger_url, warehouse, "ice")
     assert [str(f.transform) for f in table.spec().fields] == ["day"]
     assert str(table.schema().find_field("ts").field_type) == "timestamptz"
-    valid = produce(kafka, topic, 300, 0)  # two batches of "ice", one of "ice_submit"
+    valid = produce(kafka, topic, 300, 0)  # one batch of each pipeline
 
-    # Attempt 1 of batch 1 holds after writing its files; its stage lock is lost (as when Postgres drops the
-    # connection), so newer attempts stage the batch meanwhile.
+    # Attempt 1 of the batch holds after writing its files, and its stage lock is lost (as when Postgres drops the
+    # connection), so newer attempts stage the batch meanwhile; they start once attempt 1 holds the lock.
     fired = tmp_path / "fired-zombie"
     zombie = spawn({**env, "AIRFLOW_HOME": str(migrated_airflow_home(tmp_path / "airflow-zombie")),
-                    FAILPOINTS_ENV: "stage.lake_files_written=pause:40", FAILPOINT_DIR_ENV: str(fired)},
+                    FAILPOINTS_ENV: "stage.lake_files_written=pause:60", FAILPOINT_DIR_ENV: str(fired)},
                    "run", "ice", "--max-runs", "1")
-    deadline = time.monotonic() + 120
-    while not (fired / "stage.lake_files_written").exists():
-        assert zombie.poll() is None and time.monotonic() < deadline, zombie.communicate()[0][-3000:]
-        time.sleep(0.2)
-    with transaction(ledger_url) as session:
-        dropped = session.execute(text(
-            "SELECT count(pg_terminate_backend(l.pid)) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid "
-            "WHERE l.locktype = 'advisory' AND l.classid = :ns AND l.objid = (SELECT max(b.id) FROM batches b "
-            "JOIN pipelines p ON p.id = b.pipeline_id WHERE p.name = 'ice') AND l.granted "
-            "AND a.datname = current_database()"), {"ns": STAGE_LOCK_NAMESPACE}).scalar_one()
-    assert dropped == 1
+
+    def held(action: str) -> int:
+        with transaction(ledger_url) as session:
+            return session.execute(text(stage_lock_sql(action)), {"ns": STAGE_LOCK_NAMESPACE}).scalar_one()
+
+    wait_for(lambda: held("l.pid") == 1, 180, zombie)
+    dropped: list[int] = []
+
+    def drop_the_zombies_lock() -> None:
+        deadline = time.monotonic() + 180
+        while not (fired / "stage.lake_files_written").exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        dropped.append(held("pg_terminate_backend(l.pid)"))
+
+    dropping = threading.Thread(target=drop_the_zombies_lock, daemon=True)
+    dropping.start()
 
     # The spark-submit smoke run, alongside (its own Airflow home: one SQLite file per dag.test() process). Its
     # driver dies by os._exit after the data files, then by SIGKILL after the Iceberg commit; Airflow's retries of
@@ -162,11 +183,14 @@ def test_iceberg_sink_exactly_once_through_a_zombie_and_crashes(service_env, top
     # (its SIGKILL is the crash matrix's, tests/chaos). The zombie's Iceberg commit is refused meanwhile.
     crash_and_recover(env, "ice", {FAILPOINTS_ENV: "stage.lake_files_written=kill,stage.lake_commit_unrecorded,"
                                                    "commit.before_commit"}, tmp_path / "fired")
+    dropping.join(timeout=10)
+    assert dropped == [1]
     zombie_out, _ = zombie.communicate(timeout=300)
     assert "is a zombie and does not write clicks_lake" in zombie_out, zombie_out[-4000:]
     out = check_table(ledger_url, env, "ice", warehouse, valid)
+    (batch_id, ranges), = committed_ranges(ledger_url, "ice")
     assert "orphaned data files of 2 attempts that never committed" in out, out
-    assert "microbatch-1-1" in out and "microbatch-1-2" in out, out
+    assert f"microbatch-{batch_id}-1" in out and f"microbatch-{batch_id}-2" in out, out
 
     # The maintenance DAG (a task: Iceberg's orphan removal needs no Spark) removes the orphans and nothing else.
     maintained = cli(env, "maintain", "ice")
@@ -176,13 +200,14 @@ def test_iceberg_sink_exactly_once_through_a_zombie_and_crashes(service_env, top
     folders = sorted(p.name for p in (warehouse / "ice_clicks" / "data").iterdir())
     assert len(folders) == len(committed_ranges(ledger_url, "ice")), folders
 
-    # `microbatch find` names the snapshot that holds an offset.
-    batch_id, ranges = committed_ranges(ledger_url, "ice")[0]
+    # `microbatch find` names the snapshot that holds an offset; `microbatch show` reads the table.
     partition, start, _ = ranges[0]
     found = CliRunner().invoke(app, ["find", "ice", topic, str(partition), str(start)], env=env)
     assert found.exit_code == 0, found.output
     snapshot = snapshots_by_batch(ledger_url, warehouse, "ice")[batch_id][0]
     assert f"iceberg {SINK}: in snapshot {snapshot} of ice.{SINK}" in " ".join(found.output.split()), found.output
+    shown = CliRunner().invoke(app, ["show", "ice", SINK, "--count-by", "user"], env=env)
+    assert shown.exit_code == 0 and "pyiceberg" in shown.output, shown.output
 
     submit_out, _ = submit.communicate(timeout=600)
     assert submit.returncode == 0, submit_out[-4000:]
