@@ -146,6 +146,15 @@ def test_iceberg_sink_exactly_once_through_a_zombie_and_crashes(service_env, top
     assert str(table.schema().find_field("ts").field_type) == "timestamptz"
     valid = produce(kafka, topic, 300, 0)  # one batch of each pipeline
 
+    # The spark-submit smoke run, alongside (its own Airflow home: one SQLite file per dag.test() process). Its
+    # driver dies by os._exit after the data files, then by SIGKILL after the Iceberg commit; Airflow's retries of
+    # the stage finish the batch.
+    submit_fired = tmp_path / "fired-submit"
+    submit = spawn({**env, "AIRFLOW_HOME": str(migrated_airflow_home(tmp_path / "airflow-submit")),
+                    FAILPOINTS_ENV: "stage.lake_files_written,stage.lake_commit_unrecorded=kill",
+                    FAILPOINT_DIR_ENV: str(submit_fired)},
+                   "run", "ice_submit", "--max-runs", "3")
+
     # Attempt 1 of the batch holds after writing its files, and its stage lock is lost (as when Postgres drops the
     # connection), so newer attempts stage the batch meanwhile; they start once attempt 1 holds the lock.
     fired = tmp_path / "fired-zombie"
@@ -168,15 +177,6 @@ def test_iceberg_sink_exactly_once_through_a_zombie_and_crashes(service_env, top
 
     dropping = threading.Thread(target=drop_the_zombies_lock, daemon=True)
     dropping.start()
-
-    # The spark-submit smoke run, alongside (its own Airflow home: one SQLite file per dag.test() process). Its
-    # driver dies by os._exit after the data files, then by SIGKILL after the Iceberg commit; Airflow's retries of
-    # the stage finish the batch.
-    submit_fired = tmp_path / "fired-submit"
-    submit = spawn({**env, "AIRFLOW_HOME": str(migrated_airflow_home(tmp_path / "airflow-submit")),
-                    FAILPOINTS_ENV: "stage.lake_files_written,stage.lake_commit_unrecorded=kill",
-                    FAILPOINT_DIR_ENV: str(submit_fired)},
-                   "run", "ice_submit", "--max-runs", "3")
 
     # The newer attempts crash at every point of the two commits: SIGKILL after the data files (before the Iceberg
     # commit), os._exit after the Iceberg commit (before the ledger records it), os._exit inside the ledger's commit
