@@ -418,8 +418,10 @@ def write_batch(rows: DataFrame, sink: IcebergSink, owner: Owner, ctx: StageCont
         found = find_batch(table, owner, ctx.batch_id)
         wrote = found is None
         if found is None:
-            table.add_files(files, snapshot_properties=summary_properties(owner, ctx.batch_id, ctx.attempt,
-                                                                          ctx.ranges))
+            # No scan of the table's files for duplicates (its cost grows with the table): the files are new, in
+            # this attempt's own folder, and the batch is in no snapshot, as checked under the fence just now.
+            table.add_files(files, snapshot_properties=summary_properties(owner, ctx.batch_id, ctx.attempt, ctx.ranges),
+                            check_duplicate_files=False)
             found = find_batch(table, owner, ctx.batch_id)
             assert found is not None, "the commit just made holds the batch"
             COMMIT_UNRECORDED.hit()
