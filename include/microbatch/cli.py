@@ -615,8 +615,10 @@ def find(
         console.print(f"{topic}[{partition}] offset {offset} was processed by batch {owner.batch_id} "
                       f"(range [{owner.start}, {owner.end}), Airflow run {owner.airflow_run_id})"
                       + (f": dead letter: {owner.dead_letter}" if owner.dead_letter else ""))
+        sinks = _sinks_or_none(pipeline)
         for sink, (loc, version) in held.items():
-            console.print(f"  delta {sink}: in version {version} of {loc}")
+            text = sinks[sink].holding_text(loc, version) if sink in sinks else f"{sink}: in version {version} of {loc}"
+            console.print(f"  {text}")
     elif owner.kind == "gap":
         console.print(f"{topic}[{partition}] offset {offset} was lost: gap [{owner.start}, {owner.end}) "
                       f"recorded by {f'batch {owner.batch_id}' if owner.batch_id else 'an operator'}: {owner.reason}")
@@ -625,6 +627,17 @@ def find(
         console.print(f"{topic}[{partition}] offset {offset} has not been processed yet (the position is {position})")
     if owner.kind == "none":
         raise typer.Exit(1)
+
+
+def _sinks_or_none(pipeline: str) -> dict[str, Sink]:
+    """The pipeline's sinks by name, or none when its spec is gone (the ledger outlives it)."""
+    from microbatch.config import find_spec
+    from microbatch.sinks.registry import sinks_of
+
+    try:
+        return sinks_of(find_spec(pipeline))
+    except SpecError:
+        return {}
 
 
 BatchFilter = Annotated[int | None, typer.Option("--batch", help="Only the dead letters of this batch.")]

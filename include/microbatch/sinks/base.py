@@ -31,7 +31,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -133,6 +133,8 @@ class StageContext:
     batch_id: int
     attempt: int
     ranges: Sequence[OffsetRange]
+    ledger: Ledger | None = None
+    """The ledger, for a sink that fences its table's commit by the batch's row lock (`ledger/lake.fenced`)."""
 
 
 @dataclass(frozen=True)
@@ -235,6 +237,9 @@ class Sink:
     publishes: ClassVar[bool] = False
     """Publishes to Kafka: its commit writes outbox rows, which the publish task (after the commit) sends; its
     assets are the publish task's outlets."""
+    maintains_with_spark: ClassVar[bool] = True
+    """Its maintenance needs Spark (`maintain`, in a spark-submit); False: the `<pipeline>__maintenance` DAG runs
+    `maintain_lake` in the Airflow task, with no JVM, when no other sink of the pipeline needs Spark."""
     maintenance_summary: ClassVar[str] = ""
     """What the `<pipeline>__maintenance` DAG does to this sink's table, for the DAG's description."""
 
@@ -309,16 +314,16 @@ class Sink:
 
     # --- the lakehouse table, outside Postgres (`microbatch migrate`, the plan check, verify, maintenance) ----
 
-    def lake_refusal(self) -> str | None:
+    def lake_refusal(self, ledger_url: str) -> str | None:
         """The first change of the lakehouse table that `migrate_lake` would refuse, as a sentence; checked before
-        anything is migrated."""
+        anything is migrated. `ledger_url`: the ledger's database, which may hold the table's catalog."""
         return None
 
-    def migrate_lake(self) -> list[str]:
+    def migrate_lake(self, ledger_url: str) -> list[str]:
         """Create the lakehouse table, or make its additive changes; what was done, one line each."""
         return []
 
-    def check_lake(self, spec: PipelineSpec) -> None:
+    def check_lake(self, spec: PipelineSpec, ledger_url: str) -> None:
         """Refuse (`SpecError`) a batch while the lakehouse table is missing or differs from the spec."""
         return None
 
@@ -331,8 +336,16 @@ class Sink:
         sink has no lakehouse table."""
         return None
 
+    def holding_text(self, location: str, version: int) -> str:
+        """How `microbatch find` names the table version (at `location`) that the ledger recorded for a batch."""
+        return f"{self.type} {self.name}: in version {version} of {location}"
+
     def maintain(self, spark: SparkSession) -> None:
         """The maintenance DAG's job for this sink (compaction, clean-up), in a spark-submit."""
+        return None
+
+    def maintain_lake(self, ledger_url: str) -> None:
+        """The maintenance DAG's job for this sink when it `maintains_with_spark` False: in the Airflow task."""
         return None
 
     def replay_footprint(self, session: Session, keys: str) -> tuple[int, object, object] | None:
@@ -432,7 +445,7 @@ def write_table(sink: Sink, rows: DataFrame, ledger: Ledger, ctx: StageContext) 
     with table_write(ledger, ctx.pipeline_id, sink.name, ctx.batch_id, ctx.attempt) as write:
         BEFORE_LAKE_COMMIT.hit()
         started = time.monotonic()
-        written = sink.write_in_stage(rows, ctx)
+        written = sink.write_in_stage(rows, replace(ctx, ledger=ledger))
         log.info("  %s: %s %s rows as version %s of %s (%.1fs)", sink.name,
                  "wrote" if written.wrote else f"found (written by attempt {written.attempt})", written.rows,
                  written.version, written.location, time.monotonic() - started)

@@ -366,15 +366,15 @@ class DeltaTableSink(Sink):
         """The warehouse, resolved in the task, so the driver writes where `microbatch verify` reads."""
         return {WAREHOUSE_ENV: warehouse()}
 
-    def lake_refusal(self) -> str | None:
+    def lake_refusal(self, ledger_url: str) -> str | None:
         table = existing_table(self.lake_location)
         refused = table is not None and differences(self.spec, table)[1]
         return refused or None
 
-    def migrate_lake(self) -> list[str]:
+    def migrate_lake(self, ledger_url: str) -> list[str]:
         return migrate_table(self.spec)
 
-    def check_lake(self, spec: PipelineSpec) -> None:
+    def check_lake(self, spec: PipelineSpec, ledger_url: str) -> None:
         check_table(spec, self.spec)
 
     def audit(self, session: Session, spec: PipelineSpec, pipeline_id: int, uid: str) -> tuple[list[str], list[str]]:

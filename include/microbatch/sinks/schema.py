@@ -225,6 +225,12 @@ def _primary_key_changes(connection: sa.Connection, metadata: sa.MetaData, exist
     return refused
 
 
+def url_of(connection: sa.Connection) -> str:
+    """The URL of the ledger database `connection` is to (with its password), for a lakehouse sink whose catalog
+    lives there."""
+    return connection.engine.url.render_as_string(hide_password=False)
+
+
 def apply(connection: sa.Connection, spec: PipelineSpec) -> list[str]:
     """Bring the spec's sink tables to what it declares, inside the caller's transaction on `connection`;
     return what was done, one line each, and the tables it could not create (a sink without columns). A change
@@ -234,11 +240,11 @@ def apply(connection: sa.Connection, spec: PipelineSpec) -> list[str]:
         raise SpecError(f"{spec.name}: {changes.refused[0]}.")
     sinks = sinks_of(spec).values()
     for sink in sinks:  # refuse before anything is changed, here or in Postgres
-        refused = sink.lake_refusal()
+        refused = sink.lake_refusal(url_of(connection))
         if refused:
             raise SpecError(f"{spec.name}: sink '{sink.name}': {refused}.")
     apply_changes(connection, changes)
-    lake = [line for sink in sinks for line in sink.migrate_lake()]
+    lake = [line for sink in sinks for line in sink.migrate_lake(url_of(connection))]
     inspector = sa.inspect(connection)
     missing = [name for name in required_tables(spec) if not inspector.has_table(name)]
     # Not an error here: the plan refuses the pipeline's batches until someone creates them.
@@ -276,7 +282,7 @@ def check_sinks(connection: sa.Connection, spec: PipelineSpec, sinks: Mapping[st
         raise SpecError(f"{spec.name}: the sink tables lack what the spec declares ({'; '.join(changes.additive)}); "
                         "run `microbatch migrate`, which adds it.")
     for sink in sinks.values():
-        sink.check_lake(spec)
+        sink.check_lake(spec, url_of(connection))
 
 
 def _require(connection: sa.Connection, spec: PipelineSpec, declared: set[str]) -> None:
