@@ -7,26 +7,27 @@ registered in the registry under `<topic>-value`, over --partitions partitions. 
 fastavro's `schemaless_writer` and the 5-byte header, using the ids the registry returned, and produced with
 confluent-kafka's Producer (fast; not part of any timing).
 
-Each round runs three legs, each writing every record as one row (the seven fields, and the record's topic,
+Each round runs four legs, each writing every record as one row (the seven fields, and the record's topic,
 partition and offset, primary key) into a PostgreSQL table of a fresh database:
 
 - `microbatch`: a SQL pipeline (`source.value: {format: avro, fields: ...}`, one `postgres_append` sink,
-  `sql: SELECT ... FROM records`), one batch of all the records, as bench/throughput.py's c runs it: plan
+  `sql: SELECT ... FROM records`), one batch of all the records, as bench/throughput.py's microbatch leg runs it: plan
   (bench/phase.py), stage (spark-submit spark_jobs/run_batch.py), commit (bench/phase.py), on a fresh ledger;
 - `peer`: Structured Streaming, `Trigger.AvailableNow`, one micro-batch; `foreachBatch` decodes as the platform
   does (the header's id chooses the writer schema, `from_avro(payload, writer, {avroSchema: v2, mode:
   PERMISSIVE})`) and appends the rows over JDBC (the stage's JDBC options); its own checkpoint;
 - `bare`: a batch `spark.read` of the topic's offset range, the same decode and the same JDBC append: no ledger,
-  no streaming engine (what exactly-once costs is microbatch over it).
+  no streaming engine (what exactly-once costs is microbatch over it);
+- `microbatch_json`: microbatch on the same records as JSON objects (another topic, `value: {format: json,
+  fields: ...}`), the rest as `microbatch`: what Avro through a registry costs against the platform's JSON.
 
 "wall" is, for the peer and the bare job, their spark-submit from launch to exit (JVM and Spark start included); for
-microbatch, as bench/throughput.py's c counts it: the plan and the commit timed inside their processes (as in a
-worker that imported them already), plus the stage's spark-submit from launch to exit; `processes_s` adds the plan's
-and the commit's Python start. "engine" is the time inside the started application (microbatch: the stage's read and
-staging write as the ledger records them, plus the commit; the peer: the query; the bare job: read + decode +
-write). Ratios are
-records/s of microbatch over the other (below 1: microbatch is slower), of the medians, and the median of each
-round's own ratio.
+microbatch, as bench/throughput.py's microbatch leg counts it: the plan and the commit timed inside their processes
+(as in a worker that imported them already), plus the stage's spark-submit from launch to exit; `processes_s` adds
+the plan's and the commit's Python start. "engine" is the time inside the started application (microbatch: the
+stage's read and staging write as the ledger records them, plus the commit; the peer: the query; the bare job: read
++ decode + write). Ratios are records/s of microbatch over the other (below 1: microbatch is slower), of the
+medians, and the median of each round's own ratio.
 
     PYTHONPATH=include:. .venv/bin/python bench/avro.py --records 1000000 --reps 3
 """
@@ -77,9 +78,10 @@ FIELDS = {"payment_id": "string", "merchant": "string", "amount_cents": "bigint"
           "ts": "timestamp", "note": "string", "currency": "string"}
 COLUMNS = {"payment_id": "text", "merchant": "text", "amount_cents": "bigint", "status": "text", "ts": "timestamptz",
            "note": "text", "currency": "text"}
-LEGS = ("microbatch", "peer", "bare")
+LEGS = ("microbatch", "peer", "bare", "microbatch_json")
 RATIOS = (("microbatch/peer", "microbatch", "peer"), ("microbatch/bare", "microbatch", "bare"),
-          ("peer/bare", "peer", "bare"))
+          ("peer/bare", "peer", "bare"), ("microbatch avro/json", "microbatch", "microbatch_json"))
+JSON_TOPIC = "bench_avro_json"
 
 
 # ---------------------------------------------------------------- data
@@ -94,14 +96,17 @@ def register(url: str, subject: str) -> dict[str, int]:
             for name, schema in (("v1", V1), ("v2", V2))}
 
 
-def fill(bootstrap: str, ids: dict[str, int], records: int, partitions: int) -> dict[str, Any]:
-    """`records` values, v1 and v2 alternating, round-robin over the partitions; production figures."""
+def fill(bootstrap: str, ids: dict[str, int], records: int, partitions: int, as_json: bool = False) -> dict[str, Any]:
+    """`records` values, v1 and v2 alternating, round-robin over the partitions; production figures. `as_json`: the
+    same records as JSON objects (v1's with v2's default currency, as the Avro reader gives them) into
+    `JSON_TOPIC`, for microbatch's `json` format."""
     import fastavro
     from confluent_kafka import Producer
 
     from microbatch.dev.kafka import create_topic
 
-    create_topic(bootstrap, TOPIC, partitions)
+    topic = JSON_TOPIC if as_json else TOPIC
+    create_topic(bootstrap, topic, partitions)
     parsed = {"v1": fastavro.parse_schema(V1), "v2": fastavro.parse_schema(V2)}
     headers = {name: b"\x00" + struct.pack(">I", schema_id) for name, schema_id in ids.items()}
     producer = Producer({"bootstrap.servers": bootstrap, "acks": "1", "linger.ms": 50, "batch.size": 1 << 20,
@@ -116,14 +121,18 @@ def fill(bootstrap: str, ids: dict[str, int], records: int, partitions: int) -> 
         body = {"payment_id": f"pay-{i:012d}", "merchant": merchants[i % 6], "amount_cents": (i * 7919) % 250_000,
                 "status": statuses[i % 4], "ts": T0 + timedelta(milliseconds=37 * i),
                 "note": f"order {i % 100_000:05d} via web checkout, basket {i % 977}", "currency": "USD"}
-        out = io.BytesIO()
-        out.write(headers[version])
-        fastavro.schemaless_writer(out, parsed[version], body)
-        value = out.getvalue()
+        if as_json:
+            value = json.dumps({**body, "ts": body["ts"].isoformat(),
+                                "currency": "USD" if version == "v2" else "EUR"}).encode()
+        else:
+            out = io.BytesIO()
+            out.write(headers[version])
+            fastavro.schemaless_writer(out, parsed[version], body)
+            value = out.getvalue()
         size += len(value)
         while True:
             try:
-                producer.produce(TOPIC, value=value, partition=i % partitions)
+                producer.produce(topic, value=value, partition=i % partitions)
                 break
             except BufferError:
                 producer.poll(0.1)
@@ -133,7 +142,7 @@ def fill(bootstrap: str, ids: dict[str, int], records: int, partitions: int) -> 
     if left:
         raise RuntimeError(f"{left} records were not delivered")
     seconds = time.monotonic() - started
-    ends = end_offsets(bootstrap, TOPIC)
+    ends = end_offsets(bootstrap, topic)
     if sum(ends.values()) != records:
         raise RuntimeError(f"the topic holds {sum(ends.values())} records, expected {records}")
     return {"records": records, "seconds": round(seconds, 2), "mean_value_bytes": round(size / records, 1),
@@ -233,14 +242,15 @@ def checked(url: str, records: int, leg: str) -> dict[str, int]:
     return {"rows": rows, "default_currency": eur}
 
 
-def write_spec(directory: Path, records: int) -> Path:
+def write_spec(directory: Path, records: int, as_json: bool = False) -> Path:
     import yaml
 
     query = f"SELECT {', '.join(COLUMNS)} FROM records"
+    value = {"format": "json", "fields": FIELDS} if as_json else {"format": "avro", "fields": FIELDS}
     spec = {
         "name": PIPELINE, "schedule": None,
-        "source": {"topics": [TOPIC], "max_records_per_batch": records, "commit_group_offsets": False,
-                   "value": {"format": "avro", "fields": FIELDS}},
+        "source": {"topics": [JSON_TOPIC if as_json else TOPIC], "max_records_per_batch": records,
+                   "commit_group_offsets": False, "value": value},
         "sinks": [{"name": TABLE, "type": "postgres_append", "table": TABLE, "columns": COLUMNS, "sql": query}],
         "spark": {"mode": "submit", "conf": {"spark.ui.enabled": "false", "spark.sql.shuffle.partitions": "4"}},
     }
@@ -249,8 +259,10 @@ def write_spec(directory: Path, records: int) -> Path:
     return directory
 
 
-def microbatch_leg(stack: Stack, name: str, records: int, registry: str, driver_memory: str) -> dict[str, Any]:
-    """plan + stage (spark-submit) + commit until caught up (one batch), on a fresh ledger."""
+def microbatch_leg(stack: Stack, name: str, records: int, registry: str, driver_memory: str,
+                   as_json: bool = False) -> dict[str, Any]:
+    """plan + stage (spark-submit) + commit until caught up (one batch), on a fresh ledger; `as_json`: the same
+    records as JSON, through the `json` format."""
     from sqlalchemy import text
 
     from microbatch.config import find_spec
@@ -258,7 +270,7 @@ def microbatch_leg(stack: Stack, name: str, records: int, registry: str, driver_
     from microbatch.sinks.schema import migrate_sinks
 
     url = stack.fresh_ledger(name)
-    spec_dir = write_spec(stack.work_dir / "specs" / name, records)
+    spec_dir = write_spec(stack.work_dir / "specs" / name, records, as_json)
     migrate_sinks(url, spec_dir)
     spec = find_spec(PIPELINE, spec_dir)
     env = {"MICROBATCH_LEDGER_URL": url, "MICROBATCH_KAFKA_BOOTSTRAP": stack.bootstrap,
@@ -331,12 +343,15 @@ def main(argv: list[str]) -> int:
         writers = {ids["v1"]: json.dumps(V1), ids["v2"]: json.dumps(V2)}
         results["schema_ids"] = ids
         results["produce"] = fill(stack.bootstrap, ids, n, args.partitions)
+        results["produce_json"] = fill(stack.bootstrap, ids, n, args.partitions, as_json=True)
         log.info("produced %s records (%s bytes each on average) in %ss", n, results["produce"]["mean_value_bytes"],
                  results["produce"]["seconds"])
         measure = {
             "microbatch": lambda r: microbatch_leg(stack, f"mb_{r}", n, registry.url, args.driver_memory),
             "peer": lambda r: spark_leg(stack, "peer", f"peer_{r}", n, writers, args.driver_memory),
             "bare": lambda r: spark_leg(stack, "bare", f"bare_{r}", n, writers, args.driver_memory),
+            "microbatch_json": lambda r: microbatch_leg(stack, f"mbj_{r}", n, registry.url, args.driver_memory,
+                                                        as_json=True),
         }
         for rep in range(args.reps):
             for leg in LEGS[rep % len(LEGS):] + LEGS[:rep % len(LEGS)]:
