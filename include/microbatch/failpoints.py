@@ -56,12 +56,8 @@ REGISTRY: dict[str, Registered] = {
     "stage.read": Registered(_CRASH, counts_records=True),  # a Spark Python worker, mid-read
     "stage.after_write": Registered(_CRASH),
     "stage.after_staged": Registered(_CRASH),
-    "stage.before_lake_commit": Registered(_CRASH),
+    "stage.before_lake_commit": Registered(_CRASH | {PAUSE}),  # pause: a zombie holds before its table commit
     "stage.after_lake_commit": Registered(_CRASH),
-    # A lakehouse sink whose files Spark writes before one table commit adds them (iceberg): after the files, and
-    # after the table's commit before the ledger records it; pause: a zombie holds there while a newer attempt runs.
-    "stage.lake_files_written": Registered(_CRASH | {PAUSE}),
-    "stage.lake_commit_unrecorded": Registered(_CRASH),
     "commit.before_commit": Registered(_CRASH | {PAUSE}),  # pause: the chaos harness holds a run in its commit
     "commit.after_commit": Registered(_CRASH),
     "publish.before_commit": Registered(_CRASH | {PAUSE}),

@@ -9,7 +9,7 @@ the Iceberg commit, by os._exit after that commit and before the ledger records 
 ledger's commit. Then the table equals an oracle computed here from the produced records, every committed batch is in
 exactly one snapshot, `microbatch verify` passes and lists the orphaned files, which `microbatch maintain` removes.
 Meanwhile the same records go through spark-submit into a second table (the smoke run of the other Spark mode),
-whose driver dies by os._exit after the data files and by SIGKILL after the Iceberg commit."""
+whose driver dies by SIGKILL after the Iceberg commit, before the ledger records it."""
 
 from __future__ import annotations
 
@@ -148,11 +148,11 @@ def test_iceberg_sink_exactly_once_through_a_zombie_and_crashes(service_env, top
     valid = produce(kafka, topic, 300, 0)  # one batch of each pipeline
 
     # The spark-submit smoke run, alongside (its own Airflow home: one SQLite file per dag.test() process). Its
-    # driver dies by os._exit after the data files, then by SIGKILL after the Iceberg commit; Airflow's retries of
-    # the stage finish the batch.
+    # driver dies by SIGKILL after the Iceberg commit, before the ledger records it; Airflow's retry of the stage
+    # finds the snapshot and finishes the batch (the other crash points are the Connect half's, below).
     submit_fired = tmp_path / "fired-submit"
     submit = spawn({**env, "AIRFLOW_HOME": str(migrated_airflow_home(tmp_path / "airflow-submit")),
-                    FAILPOINTS_ENV: "stage.lake_files_written,stage.lake_commit_unrecorded=kill",
+                    FAILPOINTS_ENV: "stage.after_lake_commit=kill",
                     FAILPOINT_DIR_ENV: str(submit_fired)},
                    "run", "ice_submit", "--max-runs", "3")
 
@@ -160,7 +160,7 @@ def test_iceberg_sink_exactly_once_through_a_zombie_and_crashes(service_env, top
     # connection), so newer attempts stage the batch meanwhile; they start once attempt 1 holds the lock.
     fired = tmp_path / "fired-zombie"
     zombie = spawn({**env, "AIRFLOW_HOME": str(migrated_airflow_home(tmp_path / "airflow-zombie")),
-                    FAILPOINTS_ENV: "stage.lake_files_written=pause:60", FAILPOINT_DIR_ENV: str(fired)},
+                    FAILPOINTS_ENV: "stage.before_lake_commit=pause:60", FAILPOINT_DIR_ENV: str(fired)},
                    "run", "ice", "--max-runs", "1")
 
     def held(action: str) -> int:
@@ -172,7 +172,7 @@ def test_iceberg_sink_exactly_once_through_a_zombie_and_crashes(service_env, top
 
     def drop_the_zombies_lock() -> None:
         deadline = time.monotonic() + 180
-        while not (fired / "stage.lake_files_written").exists() and time.monotonic() < deadline:
+        while not (fired / "stage.before_lake_commit").exists() and time.monotonic() < deadline:
             time.sleep(0.2)
         dropped.append(held("pg_terminate_backend(l.pid)"))
 
@@ -182,7 +182,7 @@ def test_iceberg_sink_exactly_once_through_a_zombie_and_crashes(service_env, top
     # The newer attempts crash at every point of the two commits: SIGKILL after the data files (before the Iceberg
     # commit), os._exit after the Iceberg commit (before the ledger records it), os._exit inside the ledger's commit
     # (its SIGKILL is the crash matrix's, tests/chaos). The zombie's Iceberg commit is refused meanwhile.
-    crash_and_recover(env, "ice", {FAILPOINTS_ENV: "stage.lake_files_written=kill,stage.lake_commit_unrecorded,"
+    crash_and_recover(env, "ice", {FAILPOINTS_ENV: "stage.before_lake_commit=kill,stage.after_lake_commit,"
                                                    "commit.before_commit"}, tmp_path / "fired")
     dropping.join(timeout=10)
     assert dropped == [1]
@@ -197,7 +197,7 @@ def test_iceberg_sink_exactly_once_through_a_zombie_and_crashes(service_env, top
     assert "attempts that never committed" in out and len(orphaned) >= 2, out
     assert zombie_attempt in orphaned and committing["microbatch"]["attempt"] not in orphaned, (orphaned, out)
 
-    # The maintenance DAG (a task: Iceberg's orphan removal needs no Spark) removes the orphans and nothing else.
+    # The maintenance DAG (its spark-submit job, as a Delta table's) removes the orphans and nothing else.
     maintained = cli(env, "maintain", "ice")
     assert maintained.returncode == 0, (maintained.stdout + maintained.stderr)[-4000:]
     out = check_table(ledger_url, env, "ice", warehouse, valid)
@@ -216,5 +216,5 @@ def test_iceberg_sink_exactly_once_through_a_zombie_and_crashes(service_env, top
 
     submit_out, _ = submit.communicate(timeout=600)
     assert submit.returncode == 0, submit_out[-4000:]
-    assert sorted(os.listdir(submit_fired)) == ["stage.lake_commit_unrecorded", "stage.lake_files_written"]
+    assert sorted(os.listdir(submit_fired)) == ["stage.after_lake_commit"]
     check_table(ledger_url, env, "ice_submit", warehouse, valid)

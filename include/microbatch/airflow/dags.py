@@ -38,8 +38,7 @@ def backfill_dag(name: str) -> DAG:
 def maintenance_dag(name: str) -> DAG | None:
     """The `<pipeline>__maintenance` DAG of a pipeline with sinks that need maintenance (None without), e.g.
     compaction and vacuum of Delta tables, on the schedule of its first such sink. The job is a spark-submit in
-    every `spark.mode` (a pipeline that stages through Spark Connect maintains on the default Spark connection),
-    unless no sink needs Spark for it (`Sink.maintains_with_spark`, e.g. Iceberg's orphan removal): then a task."""
+    every `spark.mode`: a pipeline that stages through Spark Connect maintains on the default Spark connection."""
     spec = find_spec(name)
     sinks = maintained(spec)
     if not sinks:
@@ -49,24 +48,8 @@ def maintenance_dag(name: str) -> DAG | None:
              start_date=datetime(2024, 1, 1), catchup=False, max_active_runs=1, default_args=_default_args(spec),
              description=f"{sinks[0].maintenance_summary} of {spec.name}",
              tags=["microbatch", "maintenance", *spec.tags]) as dag:
-        if any(sink.maintains_with_spark for sink in sinks):
-            LakeMaintenanceOperator(task_id="maintain", spec=spec)
-        else:
-            _maintain_task(spec)()
+        LakeMaintenanceOperator(task_id="maintain", spec=spec)
     return dag
-
-
-def _maintain_task(spec: PipelineSpec) -> Any:
-    """The maintenance task of a pipeline whose sinks maintain without Spark (`Sink.maintains_with_spark`)."""
-
-    @task(task_id="maintain")
-    def maintain() -> None:
-        ledger = resolved(hooks.LedgerHook().get_conn)
-        for sink in maintained(spec):
-            with task_errors(ledger):
-                sink.maintain_lake(ledger.url)
-
-    return maintain
 
 
 def build_dag(spec: PipelineSpec, *, backfill: bool = False) -> DAG:

@@ -45,19 +45,6 @@ def table_write(ledger: Ledger, pipeline_id: int, sink: str, batch_id: int, atte
         record_table_write(session, pipeline_id, sink, batch_id, attempt, write.written)
 
 
-@contextmanager
-def fenced(ledger: Ledger, sink: str, batch_id: int, attempt: int) -> Iterator[Session]:
-    """A transaction that holds the batch's row locked (`FOR UPDATE`) after refusing (ZombieAttemptError) an attempt
-    that is no longer the batch's current one: a table commit made inside it cannot be a zombie's, since a newer
-    attempt begins, and the ledger commits the batch, only by updating that row. Record the version inside it too
-    (`record_table_write`), so that the table's commit and its record are apart only if the process dies between
-    them, which the retry finishes by finding the batch in the table."""
-    with ledger.transaction() as session:
-        session.execute(select(Batch.id).where(Batch.id == batch_id).with_for_update())
-        refuse_zombie(session, sink, batch_id, attempt)
-        yield session
-
-
 def refuse_zombie(session: Session, sink: str, batch_id: int, attempt: int) -> None:
     """Refuse (ZombieAttemptError) a table write by an attempt that is no longer the batch's current one, or of a
     batch that is no longer planned (staged, committed or abandoned since the attempt began)."""

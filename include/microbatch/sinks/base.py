@@ -55,7 +55,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 BEFORE_LAKE_COMMIT = failpoints.point("stage.before_lake_commit")
+"""Hit by a `writes_in_stage` sink right before its table's commit (after its data files, if it writes them first)."""
 AFTER_LAKE_COMMIT = failpoints.point("stage.after_lake_commit")
+"""Hit by a `writes_in_stage` sink right after its table's commit, before the ledger's record of it is committed."""
 
 
 def quote(identifier: str) -> str:
@@ -134,7 +136,7 @@ class StageContext:
     attempt: int
     ranges: Sequence[OffsetRange]
     ledger: Ledger | None = None
-    """The ledger, for a sink that fences its table's commit by the batch's row lock (`ledger/lake.fenced`)."""
+    """The ledger, for a sink that makes its table's commit inside a ledger transaction (`write_table` sets it)."""
 
 
 @dataclass(frozen=True)
@@ -237,9 +239,6 @@ class Sink:
     publishes: ClassVar[bool] = False
     """Publishes to Kafka: its commit writes outbox rows, which the publish task (after the commit) sends; its
     assets are the publish task's outlets."""
-    maintains_with_spark: ClassVar[bool] = True
-    """Its maintenance needs Spark (`maintain`, in a spark-submit); False: the `<pipeline>__maintenance` DAG runs
-    `maintain_lake` in the Airflow task, with no JVM, when no other sink of the pipeline needs Spark."""
     maintenance_summary: ClassVar[str] = ""
     """What the `<pipeline>__maintenance` DAG does to this sink's table, for the DAG's description."""
 
@@ -344,10 +343,6 @@ class Sink:
         """The maintenance DAG's job for this sink (compaction, clean-up), in a spark-submit."""
         return None
 
-    def maintain_lake(self, ledger_url: str) -> None:
-        """The maintenance DAG's job for this sink when it `maintains_with_spark` False: in the Airflow task."""
-        return None
-
     def replay_footprint(self, session: Session, keys: str) -> tuple[int, object, object] | None:
         """Before a replay: (rows, first window start, last window end) of what the replaced ranges contributed
         to this sink, `keys` the JSON list of {b: batch, t: topic, n: partition}; None: nothing to report."""
@@ -390,7 +385,8 @@ class Sink:
 
     def write_in_stage(self, rows: DataFrame, ctx: StageContext) -> TableWrite:
         """`writes_in_stage` sinks only: write the batch's `rows` into the table as one idempotent commit that
-        names the batch, unless the table already holds the batch; return the version that holds it."""
+        names the batch, unless the table already holds the batch; return the version that holds it. Hit
+        `BEFORE_LAKE_COMMIT` right before the table's commit and `AFTER_LAKE_COMMIT` right after it."""
         raise NotImplementedError(f"sink type {self.type} stages through Postgres, not in the stage")
 
     def check_replay(self) -> None:
@@ -443,12 +439,10 @@ def write_table(sink: Sink, rows: DataFrame, ledger: Ledger, ctx: StageContext) 
     (`write_in_stage`) unless the attempt is no longer the batch's current one, and the ledger keeps which version
     holds the batch (`ledger/lake.table_write`, in transactions of its own); the version."""
     with table_write(ledger, ctx.pipeline_id, sink.name, ctx.batch_id, ctx.attempt) as write:
-        BEFORE_LAKE_COMMIT.hit()
         started = time.monotonic()
         written = sink.write_in_stage(rows, replace(ctx, ledger=ledger))
         log.info("  %s: %s %s rows as version %s of %s (%.1fs)", sink.name,
                  "wrote" if written.wrote else f"found (written by attempt {written.attempt})", written.rows,
                  written.version, written.location, time.monotonic() - started)
-        AFTER_LAKE_COMMIT.hit()
         write.written = written
     return written

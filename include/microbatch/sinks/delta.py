@@ -52,6 +52,8 @@ from microbatch.ledger import repository as repo
 from microbatch.ledger.models import OPEN_STATES, BatchState
 from microbatch.runtime import cache_dir
 from microbatch.sinks.base import (
+    AFTER_LAKE_COMMIT,
+    BEFORE_LAKE_COMMIT,
     AssetRef,
     CommitContext,
     LineagePlaces,
@@ -390,8 +392,10 @@ class DeltaTableSink(Sink):
         maintain(spark, self.spec)
 
     def write_in_stage(self, rows: DataFrame, ctx: StageContext) -> TableWrite:
+        BEFORE_LAKE_COMMIT.hit()  # Spark writes the files and the commit in one operation
         found, wrote = write_batch(rows, self.spec, Owner(ctx.pipeline, ctx.pipeline_uid, self.name), ctx.batch_id,
                                    ctx.attempt, ctx.ranges)
+        AFTER_LAKE_COMMIT.hit()
         return TableWrite(self.lake_location, found.version, found.rows, found.attempt, wrote)
 
     def check_replay(self) -> None:

@@ -14,8 +14,8 @@ the way Iceberg's own Kafka Connect sink does (workers write data files, one coo
 
 Two commits, one outcome, as for Delta (docs/sinks.md says why the catalog's pointer swap is not made part of the
 ledger's commit): before writing, the stage looks for the batch in the table's snapshots and writes nothing if it
-is there; the table's commit happens inside `ledger/lake.fenced`, which holds the batch's row locked and refuses an
-attempt that is no longer the current one, so a zombie never adds a snapshot; the snapshot is recorded in
+is there; the table's commit happens inside `fenced`, a ledger transaction that holds the batch's row locked and
+refuses an attempt that is no longer the current one, so a zombie never adds a snapshot; the snapshot is recorded in
 `lake_commits` in that same transaction; the ledger's commit refuses a batch whose snapshot is not recorded. A
 crash between the table's commit and its record is finished by the retry, which finds the snapshot.
 
@@ -31,7 +31,8 @@ import logging
 import os
 import re
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -39,14 +40,16 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.orm import Session
 
-from microbatch import failpoints
 from microbatch.config import SOURCE_COORDINATES, IcebergSink, PipelineSpec
 from microbatch.errors import MicrobatchError, SpecError
 from microbatch.ledger import lake
 from microbatch.ledger import repository as repo
+from microbatch.ledger.database import Ledger
 from microbatch.ledger.models import OPEN_STATES, BatchState
 from microbatch.settings import ledger_url as configured_ledger_url
 from microbatch.sinks.base import (
+    AFTER_LAKE_COMMIT,
+    BEFORE_LAKE_COMMIT,
     AssetRef,
     CommitContext,
     LineagePlaces,
@@ -65,8 +68,6 @@ if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
 
 log = logging.getLogger("microbatch.maintenance")
-FILES_WRITTEN = failpoints.point("stage.lake_files_written")
-COMMIT_UNRECORDED = failpoints.point("stage.lake_commit_unrecorded")
 CATALOG = "microbatch"
 """The catalog's name, the `catalog_name` of its rows in `iceberg_tables`."""
 SUMMARY_KEY = "microbatch"
@@ -396,6 +397,19 @@ def remove_folder(folder: str) -> None:
     filesystem.delete_dir(root)
 
 
+@contextmanager
+def fenced(ledger: Ledger, sink: str, batch_id: int, attempt: int) -> Iterator[Session]:
+    """A ledger transaction that holds the batch's row locked (`FOR UPDATE`) after refusing (ZombieAttemptError) an
+    attempt that is no longer the batch's current one: a table commit made inside it cannot be a zombie's, since a
+    newer attempt begins, and the ledger commits the batch, only by updating that row. The snapshot is recorded
+    inside it too (`lake.record_table_write`), so that the table's commit and its record are apart only if the
+    process dies between them, which the retry finishes by finding the batch in the table."""
+    with ledger.transaction() as session:
+        repo.get_batch(session, batch_id, lock=True)
+        lake.refuse_zombie(session, sink, batch_id, attempt)
+        yield session
+
+
 def write_batch(rows: DataFrame, sink: IcebergSink, owner: Owner, ctx: StageContext) -> tuple[LakeSnapshot, bool]:
     """Write one batch into the table as ONE Iceberg snapshot (Spark writes the files, pyiceberg adds them inside
     the ledger's fence, which records the snapshot); the snapshot that holds the batch, and whether this call made
@@ -412,8 +426,8 @@ def write_batch(rows: DataFrame, sink: IcebergSink, owner: Owner, ctx: StageCont
     if found is not None:
         return found, False
     files = write_files(rows, sink, attempt_folder(location(sink), ctx.batch_id, ctx.attempt))
-    FILES_WRITTEN.hit()
-    with lake.fenced(ctx.ledger, sink.name, ctx.batch_id, ctx.attempt) as session:
+    BEFORE_LAKE_COMMIT.hit()
+    with fenced(ctx.ledger, sink.name, ctx.batch_id, ctx.attempt) as session:
         table = table.refresh()
         found = find_batch(table, owner, ctx.batch_id)
         wrote = found is None
@@ -424,7 +438,7 @@ def write_batch(rows: DataFrame, sink: IcebergSink, owner: Owner, ctx: StageCont
                             check_duplicate_files=False)
             found = find_batch(table, owner, ctx.batch_id)
             assert found is not None, "the commit just made holds the batch"
-            COMMIT_UNRECORDED.hit()
+            AFTER_LAKE_COMMIT.hit()
         lake.record_table_write(session, ctx.pipeline_id, sink.name, ctx.batch_id, ctx.attempt,
                                 TableWrite(location(sink), found.snapshot_id, found.rows, found.attempt, wrote))
     return found, wrote
@@ -556,7 +570,6 @@ class IcebergTableSink(Sink):
 
     type = "iceberg"
     writes_in_stage = True
-    maintains_with_spark = False
     maintenance_summary = "Remove the orphaned data files of the Iceberg tables"
     spec: IcebergSink
 
@@ -614,10 +627,9 @@ class IcebergTableSink(Sink):
         return f"iceberg {self.name}: in snapshot {version} of {'.'.join(identifier(self.spec))} ({location})"
 
     def maintain(self, spark: SparkSession) -> None:
+        """In the maintenance job's driver, whose environment names the ledger (and the catalog in it); the
+        removal itself needs no Spark."""
         maintain(self.spec, configured_ledger_url())
-
-    def maintain_lake(self, ledger_url: str) -> None:
-        maintain(self.spec, ledger_url)
 
     def write_in_stage(self, rows: DataFrame, ctx: StageContext) -> TableWrite:
         found, wrote = write_batch(rows, self.spec, Owner(ctx.pipeline, ctx.pipeline_uid, self.name), ctx)
