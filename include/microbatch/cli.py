@@ -590,16 +590,15 @@ def find(
     as_json: JsonFlag = False,
 ) -> None:
     """Which batch and Airflow run processed TOPIC[PARTITION] OFFSET, or which gap recorded it as lost."""
-    from microbatch.ledger import queries
+    from microbatch.ledger import lake, queries
     from microbatch.ledger import repository as repo
     from microbatch.ledger.database import transaction
-    from microbatch.sinks import delta
 
     with transaction(_ledger_url()) as session:
         pid = _pipeline_id(session, pipeline)
         positions = repo.read_positions(session, pid)
         owner = queries.find_offset(session, pid, topic, partition, offset)
-        held = delta.holding_version(session, pid, owner.batch_id) if owner.kind == "batch" else {}
+        held = lake.lake_versions_of_batch(session, pid, owner.batch_id) if owner.kind == "batch" else {}
     read = sorted({tp.topic for tp in positions})
     if topic not in read:
         raise SpecError(f"Pipeline '{pipeline}' has never read a topic '{topic}' (it has read "

@@ -555,11 +555,6 @@ def audit(session: Session, spec: PipelineSpec, sinks: Sequence[DeltaSink], pipe
     return lines, problems
 
 
-def holding_version(session: Session, pipeline_id: int, batch_id: int) -> dict[str, tuple[str, int]]:
-    """The table version per lakehouse sink that holds a batch: {sink: (location, version)}."""
-    return lake.lake_versions_of_batch(session, pipeline_id, batch_id)
-
-
 def table_view(sink: DeltaSink, limit: int, group_by: str | None = None) -> TableView:
     """The newest rows of the table (by source coordinates), or with `group_by` the row count per value of that
     column, largest first: a query of the table by delta-rs and Arrow, no Spark."""
