@@ -28,11 +28,11 @@ import json
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import Field, field_validator
 
 from microbatch.formats.base import Decoded, Format, FormatSpec, RegistrySchemas
-from microbatch.formats.fields import check_field_names
-from microbatch.formats.sql_types import KNOWN_TYPES, parse_type
+from microbatch.formats.fields import DeclaredField, check_field_names
+from microbatch.formats.sql_types import parse_type
 
 if TYPE_CHECKING:
     from pyspark.sql import Column
@@ -54,27 +54,17 @@ day (`time-millis`, `time-micros`) is refused; any other logical type is read as
 specification says a reader must."""
 
 
-class AvroField(BaseModel):
+class AvroField(DeclaredField):
     """One declared field: `name: type`, or `name: {type: T, from: avro_name}` to read another field of the
     record."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+    refused = ("variant", "an Avro field has a type of its own; declare the Spark type docs/formats.md gives for it "
+               "instead of variant")
 
-    type: str
-    avro_name: str | None = Field(default=None, alias="from")
-    """The field's name in the Avro record, when it differs from the column's name."""
-
-    @field_validator("type")
-    @classmethod
-    def _spark_type(cls, text: str) -> str:
-        try:
-            parsed = parse_type(text)
-        except ValueError as exc:
-            raise ValueError(f"{exc}; use one of {KNOWN_TYPES}") from None
-        if "variant" in str(parsed):
-            raise ValueError("an Avro field has a type of its own; declare the Spark type docs/formats.md gives "
-                             "for it instead of variant")
-        return str(parsed)
+    @property
+    def avro_name(self) -> str | None:
+        """The field's name in the Avro record, when it differs from the column's name."""
+        return self.source_name
 
 
 class AvroSpec(FormatSpec):
@@ -157,7 +147,7 @@ class AvroFormat(Format[AvroSpec]):
             decoded = F.when(writer_id == writer, branch) if writer == min(schemas.writers) \
                 else decoded.when(writer_id == writer, branch)
         row = F.col(helper)
-        columns = {name: F.when(row.getField(DECODED_MARK), row.getField(field.avro_name or name)).cast(field.type)
+        columns = {name: F.when(row.getField(DECODED_MARK), row.getField(field.read_from(name))).cast(field.type)
                    for name, field in self.spec.fields.items()}
         source = f"{subject} (subject '{schemas.subject}')"
         reason = (F.when(data.isNull(), F.lit(None))
@@ -188,7 +178,7 @@ class AvroFormat(Format[AvroSpec]):
         """The subject, the reader version and id, and the writer schema ids the read met (by `metrics`, the
         values of `metrics()`); a spec's hash of the declared fields."""
         schemas = self._schemas()
-        declared = [[name, field.type, field.avro_name or name] for name, field in self.spec.fields.items()]
+        declared = [[name, field.type, field.read_from(name)] for name, field in self.spec.fields.items()]
         met = sorted(int(name.rsplit("_", 1)[1]) for name, count in (metrics or {}).items()
                      if "_schema_" in name and count)
         return {"format": self.name, **schemas.pins(), "writers": met,
@@ -314,7 +304,7 @@ def field_problem(spec: AvroSpec, reader: str, side: str, subject: str, version:
     except ValueError as exc:
         return f"{side}: {where} cannot be read as columns: {exc}"
     for name, declared in spec.fields.items():
-        avro_name = declared.avro_name or name
+        avro_name = declared.read_from(name)
         if avro_name not in available:
             return (f"{side}.fields.{name}: '{avro_name}' is not a field of {where}; its fields are "
                     f"{', '.join(available)}; declare one of them, or read another name with `from`")

@@ -1,16 +1,52 @@
-"""The names a format's declared fields may take as a job's columns, checked the same way for every format that
-declares its fields (`json`, `avro`): a column name Spark and Postgres both take, no record column's name, no two
-names that differ only in case.
+"""A format's declared fields (`json`, `avro`), one model and one set of name checks for every format that declares
+them: each field a Spark SQL type and the name it has in the payload (`from`), each column name one Spark and
+Postgres both take, no record column's name, no two names that differ only in case.
 """
 
 from __future__ import annotations
 
 import re
+from typing import ClassVar
 
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from microbatch.formats.sql_types import KNOWN_TYPES, SqlType, parse_type
 from microbatch.transform import HEADERS_COLUMN, RECORD_COLUMNS
 
 RESERVED_NAMES = (*RECORD_COLUMNS, HEADERS_COLUMN)
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
+
+
+class DeclaredField(BaseModel):
+    """One declared field: `name: type`, or `name: {type: T, from: payload_name}` to read the payload's field of
+    another name. A format's subclass names the type its payload cannot hold (`refused`)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    type: str
+    source_name: str | None = Field(default=None, alias="from")
+    """The field's name in the payload, when it differs from the column's name."""
+    refused: ClassVar[tuple[str, str] | None] = None
+    """(a type name the format cannot decode into, at any depth; the sentence that says what to declare instead)."""
+
+    @field_validator("type")
+    @classmethod
+    def _spark_type(cls, text: str) -> str:
+        try:
+            parsed = parse_type(text)
+        except ValueError as exc:
+            raise ValueError(f"{exc}; use one of {KNOWN_TYPES}") from None
+        if cls.refused is not None and cls.refused[0] in str(parsed):
+            raise ValueError(cls.refused[1])
+        return str(parsed)
+
+    @property
+    def sql_type(self) -> SqlType:
+        return parse_type(self.type)
+
+    def read_from(self, column: str) -> str:
+        """The payload's name of the field declared as `column`."""
+        return self.source_name or column
 
 
 def check_field_names(types: dict[str, str], kind: str) -> None:

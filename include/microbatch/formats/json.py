@@ -38,11 +38,11 @@ import json
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import Field, ValidationInfo, field_validator
 
 from microbatch.formats.base import Decoded, Format, FormatSpec
-from microbatch.formats.fields import check_field_names
-from microbatch.formats.sql_types import INTEGERS, KNOWN_TYPES, SqlType, parse_type
+from microbatch.formats.fields import DeclaredField, check_field_names
+from microbatch.formats.sql_types import INTEGERS, SqlType
 
 if TYPE_CHECKING:
     from pyspark.sql import Column
@@ -65,28 +65,12 @@ SQL_CONF = {"spark.sql.variant.allowDuplicateKeys": "true"}
 """parse_json keeps the last of a repeated key, as from_json does (Spark reads it when it plans the query)."""
 
 
-class JsonField(BaseModel):
+class JsonField(DeclaredField):
     """One declared field: `name: type`, or `name: {type: T, from: json_name}` to read another JSON name."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+    refused = ("binary", "JSON has no binary type; read the field as a string (e.g. base64) and decode it in the job")
 
-    type: str
-    json_name: str | None = Field(default=None, alias="from")
-    """The field's name in the JSON object, when it differs from the column's name."""
-
-    @field_validator("type")
-    @classmethod
-    def _spark_type(cls, text: str) -> str:
-        try:
-            parsed = parse_type(text)
-        except ValueError as exc:
-            raise ValueError(f"{exc}; use one of {KNOWN_TYPES}") from None
-        if "binary" in str(parsed):
-            raise ValueError("JSON has no binary type; read the field as a string (e.g. base64) and decode it in "
-                             "the job")
-        return str(parsed)
-
-    @field_validator("json_name")
+    @field_validator("source_name")
     @classmethod
     def _path_safe(cls, name: str | None) -> str | None:
         if name is not None and (("'" in name and '"' in name) or not name):
@@ -94,8 +78,9 @@ class JsonField(BaseModel):
         return name
 
     @property
-    def sql_type(self) -> SqlType:
-        return parse_type(self.type)
+    def json_name(self) -> str | None:
+        """The field's name in the JSON object, when it differs from the column's name."""
+        return self.source_name
 
 
 class JsonSpec(FormatSpec):
@@ -180,7 +165,7 @@ def _maybe_not_a_string(text: Column) -> Column:
 
 def _native_type(spec: JsonSpec, json_name: str) -> str | None:
     """The one type every field read from `json_name` declares, else None."""
-    kinds = {field.type for name, field in spec.fields.items() if (field.json_name or name) == json_name}
+    kinds = {field.type for name, field in spec.fields.items() if field.read_from(name) == json_name}
     return kinds.pop() if len(kinds) == 1 else None
 
 
@@ -216,7 +201,7 @@ class JsonFormat(Format[JsonSpec]):
         vouched_column = F.col(helper("vouched"))
         document = F.try_parse_json(F.when(~vouched_column & F.is_valid_utf8(data), data.cast("string")))
         doc = F.col(helper("document"))
-        elements = {helper(f"element{i}"): F.try_variant_get(doc, _path(field.json_name or name), "variant")
+        elements = {helper(f"element{i}"): F.try_variant_get(doc, _path(field.read_from(name)), "variant")
                     for i, (name, field) in enumerate(fields)}
         elements[helper("object")] = F.try_variant_get(doc, "$", "struct<>").isNotNull()
         checks, judged, columns, problems = {}, {}, {}, []
@@ -252,7 +237,7 @@ class JsonFormat(Format[JsonSpec]):
         for name, field in self.spec.fields.items():
             kind = field.sql_type.name
             read = "text" if kind in _TEXT else "native" if kind in _NATIVE else "variant"
-            json_name = field.json_name or name
+            json_name = field.read_from(name)
             if reads.get(json_name, read) != read or (json_name in reads and read == "native"
                                                        and _native_type(self.spec, json_name) is None):
                 read = "variant"
@@ -286,8 +271,8 @@ class JsonFormat(Format[JsonSpec]):
         columns = []
         for name, field in self.spec.fields.items():
             kind = field.sql_type
-            raw = parsed.getField(field.json_name or name)
-            read = reads[field.json_name or name]
+            raw = parsed.getField(field.read_from(name))
+            read = reads[field.read_from(name)]
             if read == "native":
                 value, good = raw, None
             elif read == "text":
@@ -309,7 +294,7 @@ class JsonFormat(Format[JsonSpec]):
         return F.coalesce(_all(checks), F.lit(False)), columns
 
     def pins(self, metrics: Mapping[str, Any] | None = None) -> dict[str, Any]:
-        declared = {"fields": [[name, field.type, field.json_name or name] for name, field in self.spec.fields.items()],
+        declared = {"fields": [[name, field.type, field.read_from(name)] for name, field in self.spec.fields.items()],
                     "required": sorted(self.spec.required)}
         digest = hashlib.sha256(json.dumps(declared, sort_keys=True).encode()).hexdigest()
         return {"format": self.name, "fields_sha256": digest}
