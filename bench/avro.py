@@ -49,15 +49,14 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import (
-    ROOT,
     Stack,
     end_offsets,
     local_stack,
     machine,
     median,
-    phase,
     print_table,
     reproduce_command,
+    run_microbatch,
     spark_submit,
     write_results,
 )
@@ -261,46 +260,14 @@ def write_spec(directory: Path, records: int, as_json: bool = False) -> Path:
 
 def microbatch_leg(stack: Stack, name: str, records: int, registry: str, driver_memory: str,
                    as_json: bool = False) -> dict[str, Any]:
-    """plan + stage (spark-submit) + commit until caught up (one batch), on a fresh ledger; `as_json`: the same
-    records as JSON, through the `json` format."""
-    from sqlalchemy import text
-
-    from microbatch.config import find_spec
-    from microbatch.ledger.database import transaction
-    from microbatch.sinks.schema import migrate_sinks
-
-    url = stack.fresh_ledger(name)
+    """`run_microbatch` of the spec over all the records, on a fresh ledger; `as_json`: the same records as JSON,
+    through the `json` format."""
     spec_dir = write_spec(stack.work_dir / "specs" / name, records, as_json)
-    migrate_sinks(url, spec_dir)
-    spec = find_spec(PIPELINE, spec_dir)
-    env = {"MICROBATCH_LEDGER_URL": url, "MICROBATCH_KAFKA_BOOTSTRAP": stack.bootstrap,
-           "MICROBATCH_PIPELINES_DIR": str(spec_dir), "MICROBATCH_SCHEMA_REGISTRY_URL": registry}
-    out = {"plan_s": 0.0, "stage_wall_s": 0.0, "commit_s": 0.0, "batches": 0, "processes_s": 0.0}
-    while True:
-        plan, plan_proc = phase("plan", env, PIPELINE)
-        out["processes_s"] += plan_proc.seconds
-        if plan["batch_id"] is None:
-            break
-        stage = spark_submit(ROOT / "bench" / "spark_apps" / "stage_entry.py",
-                             ["--pipeline", PIPELINE, "--batch-id", ",".join(str(b) for b in plan["batch_ids"])],
-                             env, conf=dict(spec.spark.conf), driver_memory=driver_memory)
-        out["plan_s"] += plan["seconds"]
-        out["stage_wall_s"] += stage.seconds
-        out["processes_s"] += stage.seconds
-        for batch_id in plan["batch_ids"]:
-            commit, commit_proc = phase("commit", env, PIPELINE, str(batch_id))
-            out["commit_s"] += commit["transaction_s"]
-            out["processes_s"] += commit_proc.seconds
-            out["batches"] += 1
-    with transaction(url) as session:
-        timings = session.execute(text("SELECT timings FROM batches ORDER BY id")).scalars().all()
-        dead = session.execute(text("SELECT count(*) FROM dead_letters")).scalar_one()
-    if dead:
-        raise RuntimeError(f"{name}: {dead} dead letters")
-    engine = sum(t.get("read_s", 0) + t.get("stage_write_s", 0) for t in timings)
-    return {**{k: round(v, 3) for k, v in out.items()}, "wall_s": round(out["plan_s"] + out["stage_wall_s"]
-                                                                         + out["commit_s"], 3),
-            "engine_s": round(engine + out["commit_s"], 3), "check": checked(url, records, name)}
+    url, out = run_microbatch(stack, name, PIPELINE, spec_dir, {"MICROBATCH_SCHEMA_REGISTRY_URL": registry},
+                              driver_memory)
+    if out.pop("dead_letters"):
+        raise RuntimeError(f"{name}: dead letters")
+    return {**out, "check": checked(url, records, name)}
 
 
 def spark_leg(stack: Stack, leg: str, name: str, records: int, writers: dict[int, str],

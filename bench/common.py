@@ -332,6 +332,54 @@ def phase(name: str, env: dict[str, str], *args: str, py_spy: Path | None = None
     return result.json_lines()[-1], result
 
 
+def run_microbatch(stack: Stack, name: str, pipeline: str, spec_dir: Path, env: dict[str, str] | None = None,
+                   driver_memory: str = "1g") -> tuple[str, dict[str, Any]]:
+    """The pipeline `pipeline` of the specs in `spec_dir` on a fresh ledger `name` (its sinks migrated): plan
+    (bench/phase.py), stage (spark-submit bench/spark_apps/stage_entry.py) and commit (bench/phase.py) until a plan
+    finds nothing new. Returns the ledger's URL and the figures: "wall_s" is the plan and the commit timed inside
+    their processes (as in a worker that imported them already) plus the stage's spark-submit from launch to exit;
+    "processes_s" adds the plan's and the commit's Python start; "engine_s" is the stage's read and staging write as
+    the ledger records them (also apart: "read_s", "stage_write_s") plus the commit; "dead_letters" the rows of the
+    ledger's dead-letter table."""
+    from sqlalchemy import text
+
+    from microbatch.config import find_spec
+    from microbatch.ledger.database import transaction
+    from microbatch.sinks.schema import migrate_sinks
+
+    url = stack.fresh_ledger(name)
+    migrate_sinks(url, spec_dir)
+    spec = find_spec(pipeline, spec_dir)
+    env = {"MICROBATCH_LEDGER_URL": url, "MICROBATCH_KAFKA_BOOTSTRAP": stack.bootstrap,
+           "MICROBATCH_PIPELINES_DIR": str(spec_dir), **(env or {})}
+    out = {"plan_s": 0.0, "stage_wall_s": 0.0, "commit_s": 0.0, "batches": 0, "processes_s": 0.0}
+    while True:
+        plan, plan_proc = phase("plan", env, pipeline)
+        out["processes_s"] += plan_proc.seconds
+        if plan["batch_id"] is None:
+            break
+        stage = spark_submit(APPS / "stage_entry.py",
+                             ["--pipeline", pipeline, "--batch-id", ",".join(str(b) for b in plan["batch_ids"])],
+                             env, conf=dict(spec.spark.conf), driver_memory=driver_memory)
+        out["plan_s"] += plan["seconds"]
+        out["stage_wall_s"] += stage.seconds
+        out["processes_s"] += stage.seconds
+        for batch_id in plan["batch_ids"]:
+            commit, commit_proc = phase("commit", env, pipeline, str(batch_id))
+            out["commit_s"] += commit["transaction_s"]
+            out["processes_s"] += commit_proc.seconds
+            out["batches"] += 1
+    with transaction(url) as session:
+        timings = session.execute(text("SELECT timings FROM batches ORDER BY id")).scalars().all()
+        dead = session.execute(text("SELECT count(*) FROM dead_letters")).scalar_one()
+    read = sum(t.get("read_s", 0) for t in timings)
+    write = sum(t.get("stage_write_s", 0) for t in timings)
+    return url, {**{k: round(v, 3) for k, v in out.items()},
+                 "wall_s": round(out["plan_s"] + out["stage_wall_s"] + out["commit_s"], 3),
+                 "engine_s": round(read + write + out["commit_s"], 3), "read_s": round(read, 3),
+                 "stage_write_s": round(write, 3), "dead_letters": dead}
+
+
 _WARM: dict[str, object] = {}
 
 

@@ -40,12 +40,15 @@ GOOD = """to_json(named_struct(
   'status', element_at(array('authorized', 'captured', 'refunded', 'failed'), cast(id % 4 + 1 AS int)),
   'ts', date_format(timestamp_millis(1764288000000 + id * 37), "yyyy-MM-dd'T'HH:mm:ss.SSS'Z'"),
   'channel', 'web'))"""
-BAD = """element_at(array(
-  '{"payment_id": "p", "amount_cents": "1250", "currency": "EUR"}',
-  '{"merchant": "acme", "amount_cents": 100}',
-  'not json',
-  '{"payment_id": "p", "amount_cents": 1.5, "ts": "2026-11-28T10:00:00Z"}',
-  '{"payment_id": 17, "amount_cents": 100, "status": null}'), cast((id DIV 100) % 5 + 1 AS int))"""
+BAD_VALUES = (
+    '{"payment_id": "p", "amount_cents": "1250", "currency": "EUR"}',
+    '{"merchant": "acme", "amount_cents": 100}',
+    "not json",
+    '{"payment_id": "p", "amount_cents": 1.5, "ts": "2026-11-28T10:00:00Z"}',
+    '{"payment_id": 17, "amount_cents": 100, "status": null}',
+)
+"""The bad values, one of them in place of every record `id` with id % 100 == 42: BAD_VALUES[(id // 100) % 5]."""
+BAD = f"element_at(array({', '.join(repr(v) for v in BAD_VALUES)}), cast((id DIV 100) % 5 + 1 AS int))"
 RUNS = ("scan", "hand", "platform", "parse")
 
 
