@@ -67,6 +67,19 @@ def test_a_job_that_cannot_work_is_refused_in_one_sentence(jobs: Path, source: s
     assert not caught.value.retryable
 
 
+def test_a_job_in_folders_without_init_files_passes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`bench/spark_apps/json_hand.py` as `bench.spark_apps.json_hand:transform`: namespace packages, the inner
+    one's parent not imported (importlib's namespace path would look it up in sys.modules)."""
+    folder = tmp_path / "mb_ns_jobs" / "apps"
+    folder.mkdir(parents=True)
+    (folder / "mine.py").write_text(f"class Job:\n{METHODS}\njob = Job()\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    check_transform(spec_for("mb_ns_jobs.apps.mine:job"))
+    with pytest.raises(SpecError, match="is not found"):
+        check_transform(spec_for("mb_ns_jobs.apps.absent:job"))
+    assert "mb_ns_jobs" not in sys.modules
+
+
 def test_the_shipped_transform_passes_without_importing_pyspark() -> None:
     before = set(sys.modules)
     check_transform(find_spec("ip_count"))

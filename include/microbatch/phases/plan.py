@@ -169,14 +169,21 @@ def _find_module(name: str) -> ModuleSpec | None:
     locations = [*sys.path, str(PROJECT_ROOT)]
     found = None
     parts = name.split(".")
-    for depth in range(len(parts)):
+    for depth, part in enumerate(parts):
+        last = depth == len(parts) - 1
         try:
             found = PathFinder.find_spec(".".join(parts[: depth + 1]), locations)
+        except KeyError:  # a namespace package (no __init__.py) in one that is not imported: importlib looks
+            found = None  # its parent up in sys.modules; its portions are the folders of that name
+            locations = [str(Path(p) / part) for p in locations if (Path(p) / part).is_dir()]
+            if last or not locations:
+                return None
+            continue
         except (ImportError, ValueError):
             return None
         if found is None:
             return None
-        if depth < len(parts) - 1:
+        if not last:
             if not found.submodule_search_locations:
                 return None  # a module, not a package: it has no submodules
             locations = list(found.submodule_search_locations)
