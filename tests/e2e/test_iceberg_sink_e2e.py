@@ -9,7 +9,7 @@ the Iceberg commit, by os._exit after that commit and before the ledger records 
 ledger's commit. Then the table equals an oracle computed here from the produced records, every committed batch is in
 exactly one snapshot, `microbatch verify` passes and lists the orphaned files, which `microbatch maintain` removes.
 Meanwhile the same records go through spark-submit into a second table (the smoke run of the other Spark mode),
-whose driver dies by SIGKILL after the Iceberg commit, before the ledger records it."""
+whose driver dies by os._exit after the data files and by SIGKILL after the Iceberg commit."""
 
 from __future__ import annotations
 
@@ -148,11 +148,12 @@ def test_iceberg_sink_exactly_once_through_a_zombie_and_crashes(service_env, top
     valid = produce(kafka, topic, 300, 0)  # one batch of each pipeline
 
     # The spark-submit smoke run, alongside (its own Airflow home: one SQLite file per dag.test() process). Its
-    # driver dies by SIGKILL after the Iceberg commit, before the ledger records it; Airflow's retry of the stage
-    # finds the snapshot and finishes the batch (the other crash points are the Connect half's, below).
+    # driver dies by os._exit after the data files (before the Iceberg commit), then by SIGKILL after the Iceberg
+    # commit (before the ledger records it): each point by the other crash than the Connect half's below. Airflow's
+    # retries of the stage finish the batch.
     submit_fired = tmp_path / "fired-submit"
     submit = spawn({**env, "AIRFLOW_HOME": str(migrated_airflow_home(tmp_path / "airflow-submit")),
-                    FAILPOINTS_ENV: "stage.after_lake_commit=kill",
+                    FAILPOINTS_ENV: "stage.before_lake_commit,stage.after_lake_commit=kill",
                     FAILPOINT_DIR_ENV: str(submit_fired)},
                    "run", "ice_submit", "--max-runs", "3")
 
@@ -216,5 +217,5 @@ def test_iceberg_sink_exactly_once_through_a_zombie_and_crashes(service_env, top
 
     submit_out, _ = submit.communicate(timeout=600)
     assert submit.returncode == 0, submit_out[-4000:]
-    assert sorted(os.listdir(submit_fired)) == ["stage.after_lake_commit"]
+    assert sorted(os.listdir(submit_fired)) == ["stage.after_lake_commit", "stage.before_lake_commit"]
     check_table(ledger_url, env, "ice_submit", warehouse, valid)
