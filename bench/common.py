@@ -340,11 +340,13 @@ def run_microbatch(stack: Stack, name: str, pipeline: str, spec_dir: Path, env: 
     their processes (as in a worker that imported them already) plus the stage's spark-submit from launch to exit;
     "processes_s" adds the plan's and the commit's Python start; "engine_s" is the stage's read and staging write as
     the ledger records them (also apart: "read_s", "stage_write_s") plus the commit; "dead_letters" the rows of the
-    ledger's dead-letter table."""
+    ledger's dead-letter table, "rows_by_sink" the rows each sink committed, "lake_commits" the table commits the
+    ledger recorded. The stage is submitted with the settings the stage task gives (the sinks', then the spec's)."""
     from sqlalchemy import text
 
     from microbatch.config import find_spec
     from microbatch.ledger.database import transaction
+    from microbatch.sinks.registry import spark_session_conf
     from microbatch.sinks.schema import migrate_sinks
 
     url = stack.fresh_ledger(name)
@@ -352,7 +354,9 @@ def run_microbatch(stack: Stack, name: str, pipeline: str, spec_dir: Path, env: 
     spec = find_spec(pipeline, spec_dir)
     env = {"MICROBATCH_LEDGER_URL": url, "MICROBATCH_KAFKA_BOOTSTRAP": stack.bootstrap,
            "MICROBATCH_PIPELINES_DIR": str(spec_dir), **(env or {})}
+    conf = {**spark_session_conf(spec), **spec.spark.conf}  # as operators.submit_conf gives them
     out = {"plan_s": 0.0, "stage_wall_s": 0.0, "commit_s": 0.0, "batches": 0, "processes_s": 0.0}
+    rows: dict[str, int] = {}
     while True:
         plan, plan_proc = phase("plan", env, pipeline)
         out["processes_s"] += plan_proc.seconds
@@ -360,7 +364,7 @@ def run_microbatch(stack: Stack, name: str, pipeline: str, spec_dir: Path, env: 
             break
         stage = spark_submit(APPS / "stage_entry.py",
                              ["--pipeline", pipeline, "--batch-id", ",".join(str(b) for b in plan["batch_ids"])],
-                             env, conf=dict(spec.spark.conf), driver_memory=driver_memory)
+                             env, conf=conf, driver_memory=driver_memory)
         out["plan_s"] += plan["seconds"]
         out["stage_wall_s"] += stage.seconds
         out["processes_s"] += stage.seconds
@@ -369,15 +373,19 @@ def run_microbatch(stack: Stack, name: str, pipeline: str, spec_dir: Path, env: 
             out["commit_s"] += commit["transaction_s"]
             out["processes_s"] += commit_proc.seconds
             out["batches"] += 1
+            for sink, count in (commit.get("rows_by_sink") or {}).items():
+                rows[sink] = rows.get(sink, 0) + int(count or 0)
     with transaction(url) as session:
         timings = session.execute(text("SELECT timings FROM batches ORDER BY id")).scalars().all()
         dead = session.execute(text("SELECT count(*) FROM dead_letters")).scalar_one()
+        recorded = session.execute(text("SELECT count(*) FROM lake_commits")).scalar_one()
     read = sum(t.get("read_s", 0) for t in timings)
     write = sum(t.get("stage_write_s", 0) for t in timings)
     return url, {**{k: round(v, 3) for k, v in out.items()},
                  "wall_s": round(out["plan_s"] + out["stage_wall_s"] + out["commit_s"], 3),
                  "engine_s": round(read + write + out["commit_s"], 3), "read_s": round(read, 3),
-                 "stage_write_s": round(write, 3), "dead_letters": dead}
+                 "stage_write_s": round(write, 3), "dead_letters": dead, "rows_by_sink": rows,
+                 "lake_commits": recorded}
 
 
 _WARM: dict[str, object] = {}

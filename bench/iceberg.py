@@ -51,15 +51,14 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import (
-    ROOT,
     Stack,
     end_offsets,
     local_stack,
     machine,
     median,
-    phase,
     print_table,
     reproduce_command,
+    run_microbatch,
     spark_submit,
     write_results,
 )
@@ -256,62 +255,24 @@ def write_spec(directory: Path, records: int, sink: dict[str, Any]) -> Path:
 
 
 def microbatch_leg(stack: Stack, name: str, records: int, kind: str, driver_memory: str) -> dict[str, Any]:
-    """plan + stage (spark-submit) + commit until caught up (one batch), on a fresh ledger and a new table of the
-    sink type `kind` (iceberg or delta)."""
-    from sqlalchemy import text
-
-    from microbatch.config import find_spec
-    from microbatch.ledger.database import transaction
+    """`run_microbatch` of the spec over all the records (one batch), on a fresh ledger and a new table of the sink
+    type `kind` (iceberg or delta)."""
     from microbatch.sinks.delta import WAREHOUSE_ENV
-    from microbatch.sinks.registry import spark_session_conf
-    from microbatch.sinks.schema import migrate_sinks
 
-    url = stack.fresh_ledger(name)
     warehouse = stack.work_dir / "warehouse"
     path = warehouse / name
     sink = {"type": kind, "path": str(path), "mode": "append"}
     if kind == "iceberg":
         sink["namespace"] = NAMESPACE
     spec_dir = write_spec(stack.work_dir / "specs" / name, records, sink)
-    migrate_sinks(url, spec_dir)
-    spec = find_spec(PIPELINE, spec_dir)
-    # What the stage task submits with (operators.submit_conf): the sinks' session settings, then the spec's.
-    conf = {**spark_session_conf(spec), **spec.spark.conf}
-    env = {"MICROBATCH_LEDGER_URL": url, "MICROBATCH_KAFKA_BOOTSTRAP": stack.bootstrap,
-           "MICROBATCH_PIPELINES_DIR": str(spec_dir), WAREHOUSE_ENV: str(warehouse)}
-    out = {"plan_s": 0.0, "stage_wall_s": 0.0, "commit_s": 0.0, "batches": 0, "processes_s": 0.0}
-    rows = 0
-    while True:
-        plan, plan_proc = phase("plan", env, PIPELINE)
-        out["processes_s"] += plan_proc.seconds
-        if plan["batch_id"] is None:
-            break
-        stage = spark_submit(ROOT / "bench" / "spark_apps" / "stage_entry.py",
-                             ["--pipeline", PIPELINE, "--batch-id", ",".join(str(b) for b in plan["batch_ids"])],
-                             env, conf=conf, driver_memory=driver_memory)
-        out["plan_s"] += plan["seconds"]
-        out["stage_wall_s"] += stage.seconds
-        out["processes_s"] += stage.seconds
-        for batch_id in plan["batch_ids"]:
-            commit, commit_proc = phase("commit", env, PIPELINE, str(batch_id))
-            out["commit_s"] += commit["transaction_s"]
-            out["processes_s"] += commit_proc.seconds
-            out["batches"] += 1
-            rows += int(commit["rows_by_sink"].get(SINK) or 0)
-    with transaction(url) as session:
-        timings = session.execute(text("SELECT timings FROM batches ORDER BY id")).scalars().all()
-        dead = session.execute(text("SELECT count(*) FROM dead_letters")).scalar_one()
-        recorded = session.execute(text("SELECT count(*) FROM lake_commits")).scalar_one()
-    if dead or rows != records or recorded != out["batches"]:
-        raise RuntimeError(f"{name}: {dead} dead letters, {rows} rows committed in {recorded} recorded table "
-                           f"commits, expected {records} in {out['batches']}")
-    read = sum(t.get("read_s", 0) for t in timings)
-    engine = read + sum(t.get("stage_write_s", 0) for t in timings)
+    url, out = run_microbatch(stack, name, PIPELINE, spec_dir, {WAREHOUSE_ENV: str(warehouse)}, driver_memory)
+    rows = out["rows_by_sink"].get(SINK, 0)
+    if out["dead_letters"] or rows != records or out["lake_commits"] != out["batches"]:
+        raise RuntimeError(f"{name}: {out['dead_letters']} dead letters, {rows} rows committed in "
+                           f"{out['lake_commits']} recorded table commits, expected {records} in {out['batches']}")
     check = (checked_iceberg("microbatch", url, warehouse, records, name) if kind == "iceberg"
              else checked_delta(path, records, name))
-    return {**{k: round(v, 3) for k, v in out.items()}, "read_and_table_write_s": round(read, 3),
-            "wall_s": round(out["plan_s"] + out["stage_wall_s"] + out["commit_s"], 3),
-            "engine_s": round(engine + out["commit_s"], 3), "check": check}
+    return {**out, "read_and_table_write_s": out["read_s"], "check": check}
 
 
 def peer_leg(stack: Stack, name: str, records: int, driver_memory: str) -> dict[str, Any]:
