@@ -30,8 +30,8 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from pydantic import Field, field_validator
 
-from microbatch.formats.base import Decoded, Format, FormatSpec, RegistrySchemas
-from microbatch.formats.fields import DeclaredField, check_field_names
+from microbatch.formats.base import Decoded, Format, RegistrySchemas
+from microbatch.formats.fields import DeclaredField, DeclaringSpec
 from microbatch.formats.sql_types import parse_type
 
 if TYPE_CHECKING:
@@ -67,10 +67,11 @@ class AvroField(DeclaredField):
         return self.source_name
 
 
-class AvroSpec(FormatSpec):
+class AvroSpec(DeclaringSpec):
     """`{format: avro, fields: {name: spark_sql_type, ...}, subject: ..., version: latest}`."""
 
     format: Literal["avro"] = "avro"
+    payload = "Avro"
     fields: dict[str, AvroField] = Field(default_factory=dict, validate_default=True)
     """The columns the job gets, each a top-level field of the reader schema, in column order."""
     subject: str | None = None
@@ -79,19 +80,6 @@ class AvroSpec(FormatSpec):
     version: int | Literal["latest"] = "latest"
     """The reader schema: the subject's `latest` version when a batch is planned (pinned in the batch), or a fixed
     version number."""
-
-    @field_validator("fields", mode="before")
-    @classmethod
-    def _short_form(cls, fields: Any) -> Any:
-        if isinstance(fields, dict):
-            return {name: {"type": kind} if isinstance(kind, str) else kind for name, kind in fields.items()}
-        return fields
-
-    @field_validator("fields")
-    @classmethod
-    def _names(cls, fields: dict[str, AvroField]) -> dict[str, AvroField]:
-        check_field_names({name: field.type for name, field in fields.items()}, "Avro")
-        return fields
 
     @field_validator("version")
     @classmethod

@@ -6,10 +6,11 @@ Postgres both take, no record column's name, no two names that differ only in ca
 from __future__ import annotations
 
 import re
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from microbatch.formats.base import FormatSpec
 from microbatch.formats.sql_types import KNOWN_TYPES, SqlType, parse_type
 from microbatch.transform import HEADERS_COLUMN, RECORD_COLUMNS
 
@@ -47,6 +48,27 @@ class DeclaredField(BaseModel):
     def read_from(self, column: str) -> str:
         """The payload's name of the field declared as `column`."""
         return self.source_name or column
+
+
+class DeclaringSpec(FormatSpec):
+    """The spec of a format that declares its fields (`fields: {name: type | {type, from}}`): a subclass narrows
+    `fields` to its own field model and names its payload (`payload`, for the name checks' sentences)."""
+
+    fields: dict[str, DeclaredField] = Field(default_factory=dict, validate_default=True)
+    payload: ClassVar[str] = ""
+
+    @field_validator("fields", mode="before")
+    @classmethod
+    def _short_form(cls, fields: Any) -> Any:
+        if isinstance(fields, dict):
+            return {name: {"type": kind} if isinstance(kind, str) else kind for name, kind in fields.items()}
+        return fields
+
+    @field_validator("fields")
+    @classmethod
+    def _names(cls, fields: dict[str, DeclaredField]) -> dict[str, DeclaredField]:
+        check_field_names({name: field.type for name, field in fields.items()}, cls.payload)
+        return fields
 
 
 def check_field_names(types: dict[str, str], kind: str) -> None:

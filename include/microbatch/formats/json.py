@@ -40,8 +40,8 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field, ValidationInfo, field_validator
 
-from microbatch.formats.base import Decoded, Format, FormatSpec
-from microbatch.formats.fields import DeclaredField, check_field_names
+from microbatch.formats.base import Decoded, Format
+from microbatch.formats.fields import DeclaredField, DeclaringSpec
 from microbatch.formats.sql_types import INTEGERS, SqlType
 
 if TYPE_CHECKING:
@@ -83,27 +83,15 @@ class JsonField(DeclaredField):
         return self.source_name
 
 
-class JsonSpec(FormatSpec):
+class JsonSpec(DeclaringSpec):
     """`{format: json, fields: {name: spark_sql_type, ...}, required: [name, ...]}`."""
 
     format: Literal["json"] = "json"
+    payload = "JSON"
     fields: dict[str, JsonField] = Field(default_factory=dict, validate_default=True)
     """Each column's Spark SQL type, in column order; the JSON name is the column's unless `from` gives it."""
     required: list[str] = Field(default_factory=list)
     """Fields a record must have, not null; a missing optional field is null."""
-
-    @field_validator("fields", mode="before")
-    @classmethod
-    def _short_form(cls, fields: Any) -> Any:
-        if isinstance(fields, dict):
-            return {name: {"type": kind} if isinstance(kind, str) else kind for name, kind in fields.items()}
-        return fields
-
-    @field_validator("fields")
-    @classmethod
-    def _names(cls, fields: dict[str, JsonField]) -> dict[str, JsonField]:
-        check_field_names({name: field.type for name, field in fields.items()}, "JSON")
-        return fields
 
     @field_validator("required")
     @classmethod
