@@ -12,7 +12,9 @@ sink, so nothing is pruned:
   field is null, as spark_jobs/clicks.py does;
 - `platform`: `decode_record(raw, json, key, value)` applied as the stage applies it (`select_decoded`: its layers
   of helpers, then the columns and the reason) for the spec `{format: json, fields: {...}, required: [payment_id,
-  amount_cents]}`;
+  amount_cents]}`, with the formats jar on the session's class path as the stage has it: the json format's Java
+  function (`JsonFormat.on_jvm`, one pass over the bytes);
+- `built_in`: the same decode with Spark's built-in functions alone (a Spark without the formats jar);
 - `parse`: `try_parse_json(value::string)` alone, for scale: the platform parses only the records its `from_json`
   pass does not vouch for (the bad ones here).
 
@@ -28,6 +30,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import machine, median, print_table, reproduce_command, write_results
+
+from microbatch.runtime import formats_jar
 
 FIELDS = {"payment_id": "string", "merchant": "string", "amount_cents": "bigint", "currency": "string",
           "status": "string", "ts": "timestamp"}
@@ -49,7 +53,7 @@ BAD_VALUES = (
 )
 """The bad values, one of them in place of every record `id` with id % 100 == 42: BAD_VALUES[(id // 100) % 5]."""
 BAD = f"element_at(array({', '.join(repr(v) for v in BAD_VALUES)}), cast((id DIV 100) % 5 + 1 AS int))"
-RUNS = ("scan", "hand", "platform", "parse")
+RUNS = ("scan", "hand", "platform", "built_in", "parse")
 
 
 def session():
@@ -57,7 +61,8 @@ def session():
 
     spark = (SparkSession.builder.master("local[2]").appName("bench-decode")
              .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
-             .config("spark.sql.shuffle.partitions", "2").config("spark.driver.memory", "2g").getOrCreate())
+             .config("spark.sql.shuffle.partitions", "2").config("spark.driver.memory", "2g")
+             .config("spark.jars", str(formats_jar())).getOrCreate())
     spark.sparkContext.setLogLevel("ERROR")
     return spark
 
@@ -67,6 +72,7 @@ def runs(values):
     from pydantic import TypeAdapter
     from pyspark.sql import functions as F
 
+    from microbatch.formats import jvm
     from microbatch.formats.record import decode_record, select_decoded
     from microbatch.formats.registry import FormatSpecs, format_for
 
@@ -82,16 +88,20 @@ def runs(values):
                        F.lit("not a payment: needs payment_id and amount_cents"))
         return parsed.select("*", error.alias("error"))
 
-    def platform():
-        decoded = decode_record(raw, json_format, F.lit(None).cast("binary"), F.col("value"))
+    def platform(fmt=None):
+        decoded = decode_record(raw, fmt or json_format, F.lit(None).cast("binary"), F.col("value"))
         return select_decoded(values, decoded, decoded.reason, "reason")
 
-    return {"scan": lambda: values.select("value"), "hand": hand, "platform": platform,
+    if not (jvm.available(values.sparkSession) and json_format.on_jvm().jvm):
+        raise RuntimeError("the session cannot load the formats jar's JSON decoder")
+    return {"scan": lambda: values.select("value"), "hand": hand, "platform": lambda: platform(json_format.on_jvm()),
+            "built_in": platform,
             "parse": lambda: values.select("value", F.try_parse_json(text).isNull().alias("not_json"))}
 
 
 def check(values, make) -> dict[str, int]:
-    """The platform and the hand-written decode agree on the good records, and the platform names each bad one."""
+    """The platform and the hand-written decode agree on the good records, the platform names each bad one, and its
+    JVM and built-in decodes give the same rows."""
     from pyspark.sql import functions as F
 
     hand, platform = make["hand"](), make["platform"]()
@@ -99,9 +109,12 @@ def check(values, make) -> dict[str, int]:
     good = platform.where(F.col("reason").isNull()).drop("reason")
     differ = good.exceptAll(hand.where(F.col("error").isNull()).drop("error")).count()
     expected_bad = values.where(~F.col("value").cast("string").startswith('{"payment_id":"pay-')).count()
-    if differ or bad != expected_bad:
-        raise RuntimeError(f"the decodes disagree: {differ} good rows differ, {bad} bad (expected {expected_bad})")
-    return {"bad": bad, "good": good.count()}
+    built_in = make["built_in"]()
+    apart = platform.exceptAll(built_in).count() + built_in.exceptAll(platform).count()
+    if differ or bad != expected_bad or apart:
+        raise RuntimeError(f"the decodes disagree: {differ} good rows differ, {bad} bad (expected {expected_bad}), "
+                           f"{apart} rows differ between the JVM and the built-in decode")
+    return {"bad": bad, "good": good.count(), "jvm_vs_built_in_rows_apart": apart}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,5 +1,5 @@
-"""What a stage needs at run time, wherever its driver runs: the connector jars, the `--py-files` zip of
-this package and the jobs, and where the project and its cache are.
+"""What a stage needs at run time, wherever its driver runs: the connector jars, the jar of the formats' JVM side,
+the `--py-files` zip of this package and the jobs, and where the project and its cache are.
 
 No dev-stack import and no pyspark import: the Airflow side calls this before any Spark starts.
 """
@@ -12,6 +12,7 @@ import logging
 import os
 import shutil
 import subprocess
+import tempfile
 import time
 import zipfile
 from pathlib import Path
@@ -21,6 +22,8 @@ log = logging.getLogger(__name__)
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 RUN_BATCH = PROJECT_ROOT / "spark_jobs" / "run_batch.py"
 JAR_KINDS = ("kafka", "spark")
+JVM_SOURCES = PROJECT_ROOT / "include" / "jvm"
+"""The Java sources of the formats' JVM side (the json format's one-pass decoder), compiled by `formats_jar`."""
 
 
 def cache_dir() -> Path:
@@ -62,9 +65,46 @@ def ensure_jars(kind: str) -> Path:
 
 
 def spark_jars() -> list[Path]:
-    """The connector jars for spark-submit `--jars`, minus those the pyspark wheel already ships."""
+    """The jars for spark-submit `--jars` and the local stack's Connect server: the connectors, minus those the
+    pyspark wheel already ships, and `formats_jar()`."""
     shipped = {_artifact(p.name) for p in (spark_home() / "jars").glob("*.jar")}
-    return sorted(p for p in ensure_jars("spark").glob("*.jar") if _artifact(p.name) not in shipped)
+    connectors = sorted(p for p in ensure_jars("spark").glob("*.jar") if _artifact(p.name) not in shipped)
+    return [*connectors, formats_jar()]
+
+
+def formats_jar() -> Path:
+    """The jar of `JVM_SOURCES`, compiled with the JDK's javac against the pyspark wheel's jars (the Spark the stage
+    runs on), once per version of the sources and of pyspark; `.cache/jars/microbatch/`."""
+    sources = sorted(JVM_SOURCES.rglob("*.java"))
+    wheel = sorted(p.name for p in (spark_home() / "jars").glob("spark-sql_*.jar"))
+    digest = hashlib.sha256(b"".join([*(p.read_bytes() for p in sources), *(n.encode() for n in wheel)]))
+    target = cache_dir() / "jars" / "microbatch" / f"microbatch-formats-{digest.hexdigest()[:12]}.jar"
+    if target.exists():
+        return target
+    java_home = os.environ.get("JAVA_HOME")
+    javac = shutil.which("javac") or (java_home and shutil.which(str(Path(java_home) / "bin" / "javac")))
+    if not javac:
+        raise RuntimeError("Building microbatch's formats jar needs a JDK's javac, which is not on PATH or in "
+                           "JAVA_HOME; install one (e.g. openjdk-17-jdk-headless) and run `make jars`.")
+    started = time.monotonic()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="microbatch-javac-") as classes:
+        command = [javac, "--release", "17", "-nowarn", "-encoding", "UTF-8", "-cp",
+                   str(spark_home() / "jars" / "*"), "-d", classes, *map(str, sources)]
+        result = subprocess.run(command, capture_output=True, text=True, check=False)
+        if result.returncode != 0:
+            raise RuntimeError(f"compiling {JVM_SOURCES} failed ({javac}):\n{result.stdout}{result.stderr}")
+        partial = target.with_suffix(f".{os.getpid()}.tmp")
+        with zipfile.ZipFile(partial, "w", zipfile.ZIP_DEFLATED) as jar:
+            jar.writestr("META-INF/MANIFEST.MF", "Manifest-Version: 1.0\nCreated-By: microbatch\n\n")
+            for path in sorted(Path(classes).rglob("*.class")):
+                jar.write(path, path.relative_to(classes).as_posix())
+    partial.replace(target)
+    for old in target.parent.glob("microbatch-formats-*.jar"):
+        if old != target:
+            old.unlink(missing_ok=True)
+    log.info("compiled the formats jar %s in %.1fs", target, time.monotonic() - started)
+    return target
 
 
 def _artifact(jar_name: str) -> str:

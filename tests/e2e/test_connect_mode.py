@@ -240,3 +240,22 @@ def test_the_local_stacks_connect_server_killed_mid_stage_is_restarted_and_the_r
 def socket_open(port: int) -> bool:
     with socket.socket() as sock:
         return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+def test_the_suites_connect_server_loads_the_formats_jar_and_a_missing_class_is_told_apart(spark_connect,
+                                                                                          monkeypatch, caplog):
+    """The local stack's Connect server starts with the formats jar (`runtime.spark_jars`): a client's session can
+    register its Java functions. A class the server cannot load is refused at registration, over Connect too, so
+    `jvm.available` says so in one line (and the stage would decode with the built-in functions)."""
+    from pyspark.sql import SparkSession
+
+    from microbatch.formats import jvm
+
+    session = SparkSession.builder.remote(spark_connect.remote).create()
+    try:
+        assert jvm.available(session)
+        monkeypatch.setattr(jvm, "JSON_DECODER", "microbatch.formats.NoSuchDecoder")
+        assert not jvm.available(session)
+        assert "this Spark has no microbatch formats jar" in caplog.text
+    finally:
+        session.stop()

@@ -34,7 +34,7 @@ from sqlalchemy import text
 
 from microbatch.failpoints import EXIT_CODE, FAILPOINT_DIR_ENV, FAILPOINTS_ENV
 from microbatch.ledger.database import transaction
-from tests.e2e.helpers import cli, pipeline_dag_folder, positions, spark_section
+from tests.e2e.helpers import cli, pipeline_dag_folder, positions, run_log, spark_section
 
 pytestmark = pytest.mark.e2e
 
@@ -44,6 +44,8 @@ FIELDS = {"payment_id": "string", "merchant": "string", "amount_cents": "bigint"
           "ts": "timestamp"}
 REQUIRED = ["payment_id", "amount_cents", "ts"]
 WINDOW = 60
+
+ON_JVM = "decode: the value in one pass by the formats jar's Java function"
 
 
 @dataclass(frozen=True)
@@ -234,6 +236,9 @@ def test_keyed_json_records_with_headers_and_tombstones(service_env, topic, kafk
         pytest.fail(f"the pipeline never caught up after {len(deaths)} deaths; logs in {tmp_path}")
     assert {p.name for p in markers.iterdir()} == {"stage.read", *RUNNER_POINTS}
     assert len(deaths) == len(RUNNER_POINTS), deaths
+    # The value decoded by the formats jar's Java function on the suite's Connect server (which has the jar, as the
+    # local stack's has), as spark-submit decodes it below.
+    assert ON_JVM in run_log(result), run_log(result)[-3000:]
 
     def check() -> None:
         got_latest, got_log, got_totals, dead = tables(ledger_url)
@@ -274,6 +279,7 @@ def test_keyed_json_records_with_headers_and_tombstones(service_env, topic, kafk
     replayed = cli(env, "backfill", PIPELINE, "--topic", topic, "--mode", "replay", "--partitions", str(partition),
                    "--start", str(start), "--end", str(end))
     assert replayed.returncode == 0, (replayed.stdout + replayed.stderr)[-4000:]
+    assert ON_JVM in run_log(replayed), run_log(replayed)[-3000:]
     check()
     assert positions(ledger_url) == cursor, "a replay never moves the scheduled cursor"
 

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from pydantic import TypeAdapter
 
+from microbatch.formats import jvm
 from microbatch.formats.record import decode_record, select_decoded
 from microbatch.formats.registry import FormatSpecs, format_for
 
@@ -157,13 +158,18 @@ def formats(key: object, value: object):
     return format_for(adapter.validate_python(key)), format_for(adapter.validate_python(value))
 
 
-def decode(spark, keys: list[bytes | None], data: list[bytes | None], key: object, value: object) -> list[Any]:
+def decode(spark, keys: list[bytes | None], data: list[bytes | None], key: object, value: object,
+           on_jvm: bool = False) -> list[Any]:
+    """Each record's key, value, decoded columns (a timestamp as micros) and reason, by the built-in decode or (with
+    `on_jvm`) by the formats' Java functions."""
     from pyspark.sql import functions as F
 
     records = spark.createDataFrame(list(enumerate(zip(keys, data, strict=True))),
                                     "n int, kv struct<key: binary, value: binary>").select("n", "kv.*")
-    decoded = decode_record(*formats(key, value), F.col("key"), F.col("value"))
-    columns = [F.unix_micros(F.col(name)).alias(name) if name == "ts" else name for name in decoded.columns]
+    chosen = [fmt.on_jvm() if on_jvm else fmt for fmt in formats(key, value)]
+    decoded = decode_record(*chosen, F.col("key"), F.col("value"))
+    columns = [F.unix_micros(F.col(name)).alias(name) if name in ("ts", "key_ts") else name
+               for name in decoded.columns]
     return select_decoded(records, decoded, decoded.reason, "reason").select(
         "n", "key", "value", *columns, "reason").orderBy("n").collect()
 
@@ -223,6 +229,48 @@ def test_the_fast_path_decodes_as_the_strict_path(spark):
         wrong_zz = "value field 'zz' is not an int"
         assert forced_row["reason"] == (row["reason"] if row["reason"] in whole else
                                         "; ".join(r for r in (row["reason"], wrong_zz) if r)), raw
+
+
+def test_the_jvm_decode_equals_the_built_in_one_on_every_value(spark):
+    """Where the stage's Spark has the formats jar (this session has it, as spark-submit's and the local stack's
+    Connect server have), a json spec of the types JsonDecoder.java takes decodes in its one pass: every value of
+    the corpus above (each checked against the oracle by the built-in decode) gets the same columns and reason,
+    as a value and as a key; a spec with a nested type keeps the built-in decode."""
+    assert jvm.available(spark)
+    fields = {name: kind for name, kind in FIELDS.items() if kind != "array<string>"}
+    spec = {"format": "json", "fields": {**fields, "tiny": "tinyint", "small": "smallint",
+                                         "local": "timestamp_ntz"}, "required": REQUIRED}
+    assert formats("raw", spec)[1].on_jvm().jvm and not formats("raw", {**spec, "fields": FIELDS})[1].on_jvm().jvm
+    data = [*values(), *ODD, b'{"s": "a", "b": 1, "tiny": 127, "small": -32768, "local": "2024-03-01 10:15:30"}',
+            b'{"s": "a", "b": 1, "tiny": 128, "small": 32768, "local": "2024-03-01T10:15:30+01:00"}',
+            b'{"s": "a", "b": 1, "tiny": -129, "small": 1.0, "local": "x"}']
+    nones = [None] * len(data)
+    built_in = decode(spark, nones, data, "raw", spec)
+    on_jvm = decode(spark, nones, data, "raw", spec, on_jvm=True)
+    assert sum(row["reason"] is None for row in on_jvm) > 20
+    for jvm_row, row, raw in zip(on_jvm, built_in, data, strict=True):
+        assert jvm_row.asDict() == row.asDict(), raw
+    as_keys = decode(spark, data, nones, spec, "raw", on_jvm=True)
+    assert [r.asDict() for r in as_keys] == [r.asDict() for r in decode(spark, data, nones, spec, "raw")]
+    assert any(r["reason"] and r["reason"].startswith("key field") for r in as_keys)
+
+
+def test_a_spark_without_the_formats_jar_decodes_with_the_built_in_functions(spark, monkeypatch, caplog):
+    """A Spark that cannot load the Java class (here: a class name no jar has) is told apart by `jvm.available`,
+    which says why in one line; the stage's read then decodes with the built-in functions, to the same rows."""
+    from microbatch.phases.stage_records import DECODE_ERROR, decoded_records
+
+    data = [b'{"s": "a", "b": 1, "ts": "2024-03-01T10:15:30Z"}', b'{"s": 5, "b": 1}', b"nope", None]
+    records = spark.createDataFrame([(i, None, v) for i, v in enumerate(data)], "offset int, key binary, value binary")
+    key, value = formats("raw", {"format": "json", "fields": {"s": "string", "b": "bigint", "ts": "timestamp"}})
+    with_jar = decoded_records(records, key, value).orderBy("offset").collect()
+    monkeypatch.setattr(jvm, "JSON_DECODER", "microbatch.formats.NoSuchDecoder")
+    assert not jvm.available(spark)
+    assert "this Spark has no microbatch formats jar" in caplog.text and "NoSuchDecoder" in caplog.text
+    without = decoded_records(records, key, value).orderBy("offset").collect()
+    assert [r.asDict() for r in without] == [r.asDict() for r in with_jar]
+    assert [r[DECODE_ERROR] for r in without] == [None, "value field 's' is not a string", "value is not JSON", None]
+    assert without[0]["ts"] is not None
 
 
 def test_text_reads_utf8_and_names_the_column_of_bytes_that_are_not(spark):

@@ -85,6 +85,13 @@ def test_spark_connect_service_is_wired_to_the_cluster_and_to_airflow():
     assert f"org.apache.spark:spark-sql-kafka-0-10_2.13:{spark_version}" in command
     assert f"org.postgresql:postgresql:{postgres_version}" in command
     assert "spark.sql.session.timeZone=UTC" in command
+    # The formats jar (runtime.formats_jar, in the project's .cache, which the service mounts), compiled by
+    # airflow-init (`stack jars`) before the server starts.
+    jars = re.search(r"--jars (\S+)", command).group(1)
+    assert jars == "/opt/microbatch/.cache/jars/microbatch/microbatch-formats-*.jar"
+    assert connect["depends_on"]["airflow-init"]["condition"] == "service_completed_successfully"
+    assert "stack jars" in " ".join(all_services["airflow-init"]["command"])
+    assert "openjdk-17-jdk-headless" in (ROOT / "include/docker/airflow-entrypoint.sh").read_text()
     # Every Airflow service reaches it through MICROBATCH_SPARK_REMOTE (it wins over the spark_connect
     # connection), which carries the server's token (tests/unit/test_compose_security.py).
     for name in AIRFLOW:

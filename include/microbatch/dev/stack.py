@@ -27,7 +27,7 @@ from microbatch.dev.postgres import DATABASE, LocalPostgres
 from microbatch.dev.process import port_open, wait_until
 from microbatch.dev.registry import PROCESS_MARKER, SchemaRegistry, answers
 from microbatch.dev.spark import SparkConnectServer
-from microbatch.runtime import JAR_KINDS, cache_dir, ensure_jars
+from microbatch.runtime import JAR_KINDS, cache_dir, ensure_jars, formats_jar
 from microbatch.settings import SCHEMA_REGISTRY_URL_ENV, SPARK_REMOTE_ENV
 
 log = logging.getLogger(__name__)
@@ -423,6 +423,7 @@ def main(argv: list[str]) -> int:
     elif command == "jars":
         for kind in JAR_KINDS:
             print(f"{kind} jars: {ensure_jars(kind)}")
+        print(f"formats jar: {formats_jar()}")
     else:
         print("usage: python -m microbatch.dev.stack up|connect|registry|down|cluster|env|jars", file=sys.stderr)
         return 2

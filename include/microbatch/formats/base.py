@@ -2,8 +2,10 @@
 
 A format is a module `formats/<name>.py` with a spec model (`FormatSpec` with `format: Literal["<name>"]`) and a
 `Format` subclass that reads it. `decode` is a pure Spark column expression over the binary column, so the
-decode runs in the same pass as the Kafka read, identically on classic Spark and Spark Connect (no UDF, no RDD,
-no Python loop over rows). `pins` says what a replay must hold fixed to decode the same bytes the same way.
+decode runs in the same pass as the Kafka read, identically on classic Spark and Spark Connect (no Python UDF, no
+RDD, no Python loop over rows). A format may also have a JVM decode (`on_jvm`): a Java function of the jar
+`runtime.formats_jar()` builds from include/jvm, used where the stage's Spark has that jar (`formats/jvm.py`), and
+equal to its built-in decode. `pins` says what a replay must hold fixed to decode the same bytes the same way.
 """
 
 from __future__ import annotations
@@ -46,6 +48,16 @@ class Decoded:
     reason: Column
     helpers: tuple[dict[str, Column], ...] = ()
     sql_conf: dict[str, str] = field(default_factory=dict)
+    functions: dict[str, JavaFunction] = field(default_factory=dict)
+    """The Java functions the expressions call by name, which `formats.record.select_decoded` registers."""
+
+
+@dataclass(frozen=True)
+class JavaFunction:
+    """A Java class of the formats jar (a `UDF<n>`), registered under a name with the Spark SQL type it returns."""
+
+    class_name: str
+    returns: str
 
 
 @dataclass(frozen=True)
@@ -101,6 +113,11 @@ class Format(ABC, Generic[SpecT]):
 
     def bound(self, schemas: RegistrySchemas) -> Format[SpecT]:
         """A registry format bound to a batch's schemas, which its `decode` needs; any other format as it is."""
+        return self
+
+    def on_jvm(self) -> Format[SpecT]:
+        """This format decoding with its Java function (same columns and reasons, one pass over the bytes), for a
+        Spark whose class path has the formats jar; itself when it has none or its spec is not one it takes."""
         return self
 
     def metrics(self, data: Column, side: str) -> dict[str, Column]:

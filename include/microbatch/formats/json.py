@@ -29,6 +29,13 @@ document, parsed only for a record the fast path does not vouch for; each field'
 and problem), so that each is computed once a record: Spark shares no subexpression inside a CASE branch, and a
 lambda would keep the whole projection out of whole-stage code generation (docs/performance.md).
 tests/integration/test_formats_decode.py checks both paths give the same decode.
+
+On the JVM (`on_jvm`, where the stage's Spark has the formats jar: `formats/jvm.py`), a spec whose every field is a
+string, boolean, tinyint..bigint, double, decimal, date, timestamp or timestamp_ntz decodes in one pass instead:
+the Java function include/jvm/microbatch/formats/JsonDecoder.java reads the bytes once with Jackson's byte parser
+(which knows a string token from a number's) and checks each declared field as it reads it, by the rules above;
+dates, timestamps and decimals come out as their JSON text, which Spark's cast then reads (`try_cast`), so they
+read as above. The same test holds that decode equal to the one above on every value of its corpus.
 """
 
 from __future__ import annotations
@@ -36,12 +43,13 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from pydantic import Field, ValidationInfo, field_validator
 
-from microbatch.formats.base import Decoded, Format
+from microbatch.formats.base import Decoded, Format, JavaFunction
 from microbatch.formats.fields import DeclaredField, DeclaringSpec
+from microbatch.formats.jvm import JSON_DECODER
 from microbatch.formats.sql_types import INTEGERS, SqlType
 
 if TYPE_CHECKING:
@@ -62,6 +70,10 @@ _SURROGATE_ESCAPE = r"\\u[dD][89a-fA-F]"
 """An escape of a UTF-16 surrogate (or a text with an escaped backslash before "ud8"): from_json reads a lone one,
 parse_json refuses it, so such a value takes the strict path."""
 SQL_CONF = {"spark.sql.variant.allowDuplicateKeys": "true"}
+_JVM_KINDS = {"string": 0, "date": 1, "timestamp": 1, "timestamp_ntz": 1, "boolean": 2, "tinyint": 3,
+              "smallint": 4, "int": 5, "bigint": 6, "double": 7, "decimal": 8}
+"""The types JsonDecoder.java reads, to its kinds (its constants); 1 and 8: the JSON text, for Spark's cast."""
+_JVM_TEXT = (1, 8)
 """parse_json keeps the last of a repeated key, as from_json does (Spark reads it when it plans the query)."""
 
 
@@ -172,9 +184,18 @@ class JsonFormat(Format[JsonSpec]):
     name = "json"
     spec_model = JsonSpec
     declares_names = True
+    jvm: ClassVar[bool] = False
+    """True in the class `on_jvm` gives: `decode` calls JsonDecoder.java."""
 
     def columns(self) -> dict[str, str]:
         return {name: field.type for name, field in self.spec.fields.items()}
+
+    def on_jvm(self) -> JsonFormat:
+        fields = self.spec.fields.items()
+        if not all(f.sql_type.name in _JVM_KINDS and not {"\t", "\n"} & set(name + f.read_from(name))
+                   for name, f in fields):
+            return self
+        return _JvmJsonFormat(self.spec)
 
     def decode(self, data: Column, subject: str) -> Decoded:
         """The fast path's decode where it vouches for the record, else the strict path's; each in layers of helpers
@@ -281,8 +302,57 @@ class JsonFormat(Format[JsonSpec]):
             columns.append(value.cast(field.type))
         return F.coalesce(_all(checks), F.lit(False)), columns
 
+    def _decode_jvm(self, data: Column, subject: str) -> Decoded:
+        """JsonDecoder.java's one pass: a struct of the columns (dates, timestamps and decimals as their JSON text),
+        each field's problem and the record's; then Spark's cast of the texts, in a layer of its own since each
+        cast is both a column and, where it fails, a problem."""
+        from pyspark.sql import functions as F
+
+        fields = list(self.spec.fields.items())
+        kinds = [_JVM_KINDS[field.sql_type.name] for _, field in fields]
+        plan = "\n".join([subject, *(f"{name}\t{field.read_from(name)}\t{kind}\t{field.type}\t"
+                                      f"{int(name in self.spec.required)}"
+                                      for (name, field), kind in zip(fields, kinds, strict=True))])
+        returns = ", ".join([*(f"c{i} {'string' if kind in _JVM_TEXT else field.type}"
+                               for i, ((_, field), kind) in enumerate(zip(fields, kinds, strict=True))),
+                             *(f"p{i} string" for i in range(len(fields))), "e string"])
+        function = "microbatch_json_" + hashlib.sha256(f"{plan}|{returns}".encode()).hexdigest()[:16]
+        decoded = f"__mb_{subject}_jvm"
+        out = F.col(decoded)
+        casts = {f"__mb_{subject}_cast{i}": out.getField(f"c{i}").try_cast(field.type)
+                 for i, ((_, field), kind) in enumerate(zip(fields, kinds, strict=True)) if kind in _JVM_TEXT}
+        columns, problems = {}, []
+        for i, ((name, field), kind) in enumerate(zip(fields, kinds, strict=True)):
+            problem = out.getField(f"p{i}")
+            if kind in _JVM_TEXT:
+                cast = F.col(f"__mb_{subject}_cast{i}")
+                problem = F.coalesce(problem, F.when(out.getField(f"c{i}").isNotNull() & cast.isNull(), F.lit(
+                    f"{subject} field '{name}' is not {field.sql_type.article} {field.type}")))
+                columns[name] = cast
+            else:
+                columns[name] = out.getField(f"c{i}")
+            problems.append(problem)
+        reason = (F.when(out.getField("e").isNotNull(), out.getField("e"))
+                  .when(F.coalesce(*problems).isNotNull(), F.concat_ws("; ", *problems)))
+        helpers = ({decoded: F.call_function(function, data, F.lit(bytearray(plan.encode())))},
+                   *([casts] if casts else []))
+        return Decoded(columns=columns, reason=reason.cast("string"), helpers=helpers,
+                       functions={function: JavaFunction(JSON_DECODER, f"struct<{returns}>")})
+
     def pins(self, metrics: Mapping[str, Any] | None = None) -> dict[str, Any]:
         declared = {"fields": [[name, field.type, field.read_from(name)] for name, field in self.spec.fields.items()],
                     "required": sorted(self.spec.required)}
         digest = hashlib.sha256(json.dumps(declared, sort_keys=True).encode()).hexdigest()
         return {"format": self.name, "fields_sha256": digest}
+
+
+class _JvmJsonFormat(JsonFormat):
+    """The json format decoding with JsonDecoder.java (`JsonFormat.on_jvm`)."""
+
+    jvm = True
+
+    def on_jvm(self) -> JsonFormat:
+        return self
+
+    def decode(self, data: Column, subject: str) -> Decoded:
+        return self._decode_jvm(data, subject)

@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 from itertools import zip_longest
 from typing import TYPE_CHECKING, Any
 
-from microbatch.formats.base import Format
+from microbatch.formats import jvm
+from microbatch.formats.base import Format, JavaFunction
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
@@ -48,6 +49,7 @@ class DecodedRecord:
     reason: Column
     helpers: tuple[dict[str, Column], ...] = ()
     sql_conf: dict[str, str] = field(default_factory=dict)
+    functions: dict[str, JavaFunction] = field(default_factory=dict)
 
 
 def decode_record(key: Format[Any], value: Format[Any], key_data: Column, value_data: Column) -> DecodedRecord:
@@ -64,15 +66,18 @@ def decode_record(key: Format[Any], value: Format[Any], key_data: Column, value_
                     for layers in zip_longest(*(decoded.helpers for decoded in decodes), fillvalue={}))
     # not nullif: Spark evaluates its argument in a Project of its own, which would decode the record twice
     return DecodedRecord(columns=columns, reason=F.when(F.coalesce(*reasons).isNotNull(), F.concat_ws("; ", *reasons)),
-                         helpers=helpers, sql_conf={k: v for decoded in decodes for k, v in decoded.sql_conf.items()})
+                         helpers=helpers, sql_conf={k: v for decoded in decodes for k, v in decoded.sql_conf.items()},
+                         functions={k: v for decoded in decodes for k, v in decoded.functions.items()})
 
 
 def select_decoded(records: DataFrame, decoded: DecodedRecord, reason: Column, reason_name: str) -> DataFrame:
     """`records` and after them the decoded columns and `reason` (the decode's, or one built on it) named
     `reason_name`. Sets the session's SQL settings the decode relies on (`decoded.sql_conf`, read when Spark plans
-    the query), then adds each layer of helpers with a select of its own and drops them at the end."""
+    the query) and registers its Java functions, then adds each layer of helpers with a select of its own and drops
+    them at the end."""
     for key, setting in decoded.sql_conf.items():
         records.sparkSession.conf.set(key, setting)
+    jvm.register(records.sparkSession, decoded.functions)
     with_helpers = records
     for layer in decoded.helpers:
         with_helpers = with_helpers.select("*", *[column.alias(name) for name, column in layer.items()])

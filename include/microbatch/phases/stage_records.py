@@ -20,6 +20,7 @@ from pyspark.sql import functions as F
 
 from microbatch.config import SOURCE_COORDINATES
 from microbatch.errors import StageFailedError
+from microbatch.formats import jvm
 from microbatch.formats.base import Format
 from microbatch.formats.record import decode_record, select_decoded
 from microbatch.transform import ERROR_COLUMN, HEADERS_COLUMN, LATE_COLUMN
@@ -98,9 +99,13 @@ def decoded_records(records: DataFrame, key: Format[Any], value: Format[Any],
     spec's, registry formats bound to the batch's schemas) decode (`formats/record.py`) after them and
     `DECODE_ERROR`, which with `keyed_sinks` (upsert sinks keyed by the record key) also refuses a record without a
     key; `records` as they are when both formats are `raw` and no sink is keyed by the record key. Projections of
-    the read: the decode runs in the read's pass."""
+    the read: the decode runs in the read's pass, on the JVM (`Format.on_jvm`) where the Spark has the formats jar."""
     if not (key.columns() or value.columns() or keyed_sinks):
         return records
+    sides = [side for side, fmt in (("key", key), ("value", value)) if fmt.on_jvm() is not fmt]
+    if sides and jvm.available(records.sparkSession):
+        key, value = key.on_jvm(), value.on_jvm()
+        log.info("decode: the %s in one pass by the formats jar's Java function", " and the ".join(sides))
     decoded = decode_record(key, value, F.col("key"), F.col("value"))
     reason = decoded.reason
     if keyed_sinks:
