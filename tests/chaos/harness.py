@@ -470,7 +470,7 @@ class Harness:
         self._bounce([node], sig)
         return f"node {node} (leader of {SOURCE}{led}) between plan's two offset lookups"
 
-    def two_brokers_down(self, sig: int, down_s: float = 20.0) -> str:
+    def two_brokers_down(self, sig: int, down_s: float = 12.0) -> str:
         nodes = self.rng.sample(sorted(self.kafka.nodes), 2)
         self._bounce(nodes, sig, down_s)
         refused = self._probe_write()
