@@ -568,8 +568,12 @@ class Harness:
         consumer = threading.Thread(target=self.consume_during, daemon=True)
         consumer.start()
         self.inject(schedule, spacing_s)
+        _stamp("faults done; quiescing")
         self.quiesce()
-        return self.check(consumer)
+        _stamp("caught up; checking")
+        checks = self.check(consumer)
+        _stamp("checked")
+        return checks
 
     def quiesce(self) -> None:
         """Stop injecting, let running work end, then run cleanly until caught up and published."""
@@ -584,6 +588,7 @@ class Harness:
         raise RuntimeError("the pipeline did not catch up after the faults:\n" + result.stdout[-3000:])
 
     def stop_loop(self) -> None:
+        _stamp("stopping the loop")
         with self.lock:
             self.armed.clear()
             self._write_armed()
@@ -620,7 +625,9 @@ class Harness:
                             f"{len(expected.late)} late"))
         final = {(start.isoformat(), ip): n for (start, ip), n in expected.counts.items()
                  if start + timedelta(seconds=5) <= expected.watermark}
+        _stamp("ledger checked")
         after = read_output(self.bootstrap, self.output)
+        _stamp("output read")
         checks.append(Check("read_committed consumer after: each final window once", _published_ok(after, final),
                             f"{len(after)} records, {len(final)} final windows"))
         deadline = time.time() + 60
@@ -630,6 +637,7 @@ class Harness:
         consumer.join(timeout=10)
         checks.append(Check("read_committed consumer during faults: each final window once",
                             _published_ok(self.observed, final), f"{len(self.observed)} records"))
+        _stamp("observed")
         checks.append(Check("no hanging transaction (marker probe)", _marker_probe(self.bootstrap,
                                                                                    self.output), "markers visible"))
         checks.append(self._liveness())
@@ -667,7 +675,9 @@ class Harness:
                             f"{len(malformed)} malformed"))
         checks.append(Check("late records == late set", late_coordinates(self.url) == expected.late,
                             f"{len(expected.late)} late"))
+        _stamp("ledger checked")
         after = read_output(self.bootstrap, self.output)
+        _stamp("output read")
         problems = published_clicks_problems(after, raw)
         checks.append(Check("read_committed consumer after: each clicks_raw row once", not problems,
                             "; ".join(problems) or f"{len(after)} records"))
@@ -679,6 +689,7 @@ class Harness:
         problems = published_clicks_problems(self.observed, raw)
         checks.append(Check("read_committed consumer during faults: each clicks_raw row once", not problems,
                             "; ".join(problems) or f"{len(self.observed)} records"))
+        _stamp("observed")
         checks.append(Check("no hanging transaction (marker probe)", _marker_probe(self.bootstrap,
                                                                                    self.output), "markers visible"))
         checks.append(self._liveness())
@@ -758,6 +769,10 @@ def _matching(needle: str, pipelines_dir: str | None = None) -> list[psutil.Proc
                     continue
             found.append(proc)
     return found
+
+
+def _stamp(what: str) -> None:
+    print(f"[chaos] {datetime.now(UTC):%H:%M:%S.%f}"[:-3] + f" {what}", flush=True)
 
 
 def _wait_for(probe: Callable[[], object], timeout: float) -> object:

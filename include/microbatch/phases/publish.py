@@ -43,7 +43,10 @@ RETRACTION_HEADER = "microbatch.retraction"
 _TAIL_WINDOW = 64
 _FAILOVER_ATTEMPTS = 4
 _FAILOVER_BACKOFF_S = 3.0
-_COMMIT_TIMEOUT_S = 30.0
+_FLUSH_TIMEOUT_S = 30.0
+_COMMIT_TIMEOUT_S = 15.0
+"""The records are flushed before the commit, so a coordinator that lives ends the transaction in milliseconds;
+past this the commit is taken as lost with its coordinator (`_commit_within`)."""
 BEFORE_COMMIT = failpoints.point("publish.before_commit")  # Kafka transaction open
 AFTER_COMMIT = failpoints.point("publish.after_commit")  # Kafka committed, progress not recorded
 BETWEEN_TRANSACTIONS = failpoints.point("publish.between_transactions")
@@ -219,7 +222,7 @@ def _publish_session(sink: KafkaSink, ledger: Ledger, kafka: KafkaSettings, pipe
                 headers = record_headers(sink, seq, value)
                 producer.send(sink.topic, key=(key or "").encode(), value=json.dumps(value, sort_keys=True).encode(),
                               headers=headers)
-            producer.flush(timeout=_COMMIT_TIMEOUT_S)
+            producer.flush(timeout=_FLUSH_TIMEOUT_S)
             BEFORE_COMMIT.hit()
             _commit_within(producer, _COMMIT_TIMEOUT_S)
             last = run.last = rows[-1][0]
