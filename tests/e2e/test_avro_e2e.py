@@ -37,6 +37,7 @@ from confluent_kafka.serialization import MessageField, SerializationContext
 from kafka import KafkaProducer
 from sqlalchemy import text
 
+from microbatch.dev.process import free_port
 from microbatch.failpoints import EXIT_CODE, FAILPOINT_DIR_ENV, FAILPOINTS_ENV
 from microbatch.ledger.database import transaction
 from tests.e2e.helpers import cli, pipeline_dag_folder, positions, spark_section
@@ -202,8 +203,11 @@ def test_avro_through_a_registry_exactly_once_and_replayed_with_the_pinned_schem
         service_env, topic, kafka, ledger_url, registry, tmp_path):
     subject = f"{topic}-value"
     specs = write_spec(tmp_path / "pipelines", topic, "auto")
-    env = {**service_env, "MICROBATCH_PIPELINES_DIR": str(specs), "MICROBATCH_SCHEMA_REGISTRY_URL": registry.url,
-           **pipeline_dag_folder(tmp_path, PIPELINE)}
+    # The registry through the Airflow connection `schema_registry_default`, as a deployment without the variable
+    # has it (the variable, the local stack's and compose's way, takes over below).
+    connection = {"conn_type": "http", "extra": {"url": registry.url}}
+    env = {**service_env, "MICROBATCH_PIPELINES_DIR": str(specs), "MICROBATCH_SCHEMA_REGISTRY_URL": "",
+           "AIRFLOW_CONN_SCHEMA_REGISTRY_DEFAULT": json.dumps(connection), **pipeline_dag_folder(tmp_path, PIPELINE)}
     migrated = cli(env, "migrate")
     assert migrated.returncode == 0, migrated.stdout + migrated.stderr
     records = generate(registry.url, topic, seed=47, count=400)
@@ -244,6 +248,12 @@ def test_avro_through_a_registry_exactly_once_and_replayed_with_the_pinned_schem
     reader_id = versions[2][0]
     assert all(p["subject"] == subject and p["version"] == 2 and p["reader_id"] == reader_id for p in pins), pins
     assert set().union(*(p["met"] for p in pins)) == set(schemas) == kept
+
+    # From here the registry comes through MICROBATCH_SCHEMA_REGISTRY_URL, which wins over the connection (now
+    # naming a port where nothing listens): the plan below reads version 3 through it.
+    nowhere = {"conn_type": "http", "extra": {"url": f"http://127.0.0.1:{free_port()}/apis/ccompat/v7"}}
+    env = {**env, "MICROBATCH_SCHEMA_REGISTRY_URL": registry.url,
+           "AIRFLOW_CONN_SCHEMA_REGISTRY_DEFAULT": json.dumps(nowhere)}
 
     # v3 reads amount_cents as a double: a new batch is refused before anything is written.
     SchemaRegistryClient({"url": registry.url}).register_schema(subject, _schema(V3))
