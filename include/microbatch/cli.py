@@ -374,8 +374,9 @@ def metrics() -> None:
 
 @app.command()
 def maintain(pipeline: str, log_file: LogFile = None) -> None:
-    """Run the pipeline's maintenance DAG now: compact each Delta table's small files, then vacuum the files no
-    retained version needs (the same as triggering <pipeline>__maintenance in the UI). Prints as `run` does."""
+    """Run the pipeline's maintenance DAG now: each lakehouse sink maintains its table (a Delta table compacts its
+    small files, then vacuums the files no retained version needs), the same as triggering
+    <pipeline>__maintenance in the UI. Prints as `run` does."""
     from microbatch.config import find_spec
     from microbatch.runner import run_once
 

@@ -126,8 +126,10 @@ def run_once(pipeline: str, backfill: dict | None = None, maintenance: bool = Fa
     if maintenance:
         dag = maintenance_dag(pipeline)
         if dag is None:
-            raise SpecError(f"Pipeline '{pipeline}' has no delta sink, so it has no maintenance DAG.",
-                            fix="Add a sink of type delta, or maintain its Postgres tables with your own tools.")
+            raise SpecError(f"Pipeline '{pipeline}' has no sink that needs maintenance (a lakehouse table), so it has "
+                            "no maintenance DAG.",
+                            fix="Add a lakehouse sink (e.g. of type delta), or maintain its Postgres tables with your "
+                            "own tools.")
     else:
         dag = backfill_dag(pipeline) if backfill is not None else pipeline_dag(pipeline)
     with prompt_polls():

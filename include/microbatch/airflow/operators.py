@@ -147,8 +147,9 @@ class SubmitStageOperator(SparkSubmitOperator):
 
 
 class LakeMaintenanceOperator(SubmitStageOperator):
-    """spark-submit of `spark_jobs/maintain_lake.py`: compacts and vacuums the pipeline's Delta tables, on the
-    pipeline's Spark connection, with the same jars, settings and environment as its stage."""
+    """spark-submit of `spark_jobs/maintain_lake.py`: each lakehouse sink of the pipeline maintains its table
+    (`Sink.maintain`; a Delta table is compacted and vacuumed), on the pipeline's Spark connection, with the same
+    jars, settings and environment as its stage."""
 
     application = PROJECT_ROOT / "spark_jobs" / "maintain_lake.py"
 
