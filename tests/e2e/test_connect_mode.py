@@ -250,12 +250,17 @@ def test_the_suites_connect_server_loads_the_formats_jar_and_a_missing_class_is_
     from pyspark.sql import SparkSession
 
     from microbatch.formats import jvm
+    from microbatch.phases.stage import connect_client_scope
 
-    session = SparkSession.builder.remote(spark_connect.remote).create()
-    try:
-        assert jvm.available(session)
-        monkeypatch.setattr(jvm, "JSON_DECODER", "microbatch.formats.NoSuchDecoder")
-        assert not jvm.available(session)
-        assert "this Spark has no microbatch formats jar" in caplog.text
-    finally:
-        session.stop()
+    # The scope unmarks this worker as a Connect client afterwards, as the stage does: a spark-submit a later test
+    # starts from this process must not inherit SPARK_CONNECT_MODE_ENABLED.
+    with connect_client_scope():
+        session = SparkSession.builder.remote(spark_connect.remote).create()
+        try:
+            assert jvm.available(session)
+            monkeypatch.setattr(jvm, "JSON_DECODER", "microbatch.formats.NoSuchDecoder")
+            assert not jvm.available(session)
+            assert "this Spark has no microbatch formats jar" in caplog.text
+        finally:
+            session.stop()
+    assert "SPARK_CONNECT_MODE_ENABLED" not in os.environ
