@@ -28,22 +28,33 @@ from microbatch.runner import MIGRATED_MARKER
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def spark_section(conf: dict[str, str], mode: str) -> dict:
+SHORT_LIVED_DRIVER = {"spark.driver.extraJavaOptions": "-Duser.timezone=UTC -XX:TieredStopAtLevel=1 -XX:+UseSerialGC"}
+"""The JVM options of the suite's spark-submit drivers, each of which lives for one small batch: the C1 compiler
+alone and the serial collector, so that no C2 compiler thread or parallel GC takes the 2 cores from the tests beside
+it (a test of two such drivers: 84 -> 63 CPU-seconds). The time zone is the one option the stage sets there
+(`operators.submit_conf`), which the spec's own setting replaces. The shipped spec keeps the JVM's defaults, and so
+does test_ip_count_e2e.py, the spark-submit path as a user's pipeline runs it (`jvm_defaults`)."""
+
+
+def spark_section(conf: dict[str, str], mode: str, jvm_defaults: bool = False) -> dict:
     """The test spec's `spark` section. `auto` (the shipped default) stages through the suite's Spark Connect server
     (MICROBATCH_SPARK_REMOTE, see tests/conftest.py) with the spec's `spark.sql.*` settings, the only ones a Connect
     session may set; `submit` runs spark-submit per stage (the UI off keeps concurrent drivers off each other's
-    ports), for the tests whose subject is spark-submit: a killed driver, cluster mode, SASL, process arguments."""
+    ports), for the tests whose subject is spark-submit: a killed driver, cluster mode, SASL, process arguments;
+    its driver has `SHORT_LIVED_DRIVER`'s options unless `jvm_defaults`."""
     if mode == "submit":
-        return {"mode": "submit", "conf": {**conf, "spark.ui.enabled": "false"}}
+        return {"mode": "submit", "conf": {**conf, "spark.ui.enabled": "false",
+                                           **({} if jvm_defaults else SHORT_LIVED_DRIVER)}}
     return {"mode": mode, "conf": {key: value for key, value in conf.items() if key.startswith("spark.sql.")}}
 
 
 def write_test_spec(directory: Path, topic: str, max_records: int, retry_delay: float = 1.0,
                     bootstrap: str | None = None, batches_per_run: int = 1, spark_mode: str = "auto",
-                    retry_backoff: float = 1.0) -> Path:
+                    retry_backoff: float = 1.0, jvm_defaults: bool = False) -> Path:
     """A copy of ip_count.yaml that reads `topic`, in small batches (up to `batches_per_run` per run), with short
     retry delays (`retry_delay` s each, `retry_backoff` times the last: 1 s apart, not 1, 2-3 and 4-7 s), and
-    publishes to `<topic>_out` (created here when `bootstrap` is given); `spark_mode` as `spark_section` says."""
+    publishes to `<topic>_out` (created here when `bootstrap` is given); `spark_mode` and `jvm_defaults` as
+    `spark_section` says."""
     spec = yaml.safe_load((ROOT / "include/pipelines/ip_count.yaml").read_text())
     spec["source"].update(topics=[topic], max_records_per_batch=max_records, commit_group_offsets=False)
     if batches_per_run > 1:
@@ -54,7 +65,7 @@ def write_test_spec(directory: Path, topic: str, max_records: int, retry_delay: 
     if bootstrap:
         create_topic(bootstrap, f"{topic}_out", 4)
     spec["retries"] = {"count": 3, "delay_seconds": retry_delay, "backoff": retry_backoff}
-    spec["spark"] = spark_section(spec["spark"]["conf"], spark_mode)
+    spec["spark"] = spark_section(spec["spark"]["conf"], spark_mode, jvm_defaults)
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / "ip_count.yaml"
     path.write_text(yaml.safe_dump(spec))

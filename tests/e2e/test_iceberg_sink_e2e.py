@@ -33,7 +33,7 @@ from microbatch.cli import app
 from microbatch.dev.datagen import generate_clicks, produce_lines
 from microbatch.failpoints import FAILPOINT_DIR_ENV, FAILPOINTS_ENV
 from microbatch.ledger.database import STAGE_LOCK_NAMESPACE, transaction
-from tests.e2e.helpers import cli, migrated_airflow_home
+from tests.e2e.helpers import SHORT_LIVED_DRIVER, cli, migrated_airflow_home
 from tests.e2e.test_delta_sink_e2e import committed_ranges, crash_and_recover, dag_folder, facts
 
 pytestmark = pytest.mark.e2e
@@ -45,7 +45,7 @@ SINK = "clicks_lake"
 def write_spec(directory: Path, name: str, topic: str, mode: str, batch: int) -> None:
     spark = {"mode": mode, "conf": {"spark.sql.shuffle.partitions": "2", "spark.sql.files.maxRecordsPerFile": "40"}}
     if mode == "submit":
-        spark["conf"]["spark.ui.enabled"] = "false"
+        spark["conf"].update({"spark.ui.enabled": "false", **SHORT_LIVED_DRIVER})
     spec = {
         "name": name,
         "schedule": None,

@@ -28,8 +28,10 @@ pytestmark = pytest.mark.e2e
 
 @pytest.fixture
 def pipeline_env(service_env, topic, tmp_path, kafka):
+    # The JVM's own defaults, as a user's spec has them (the other spark-submit tests tune their drivers:
+    # helpers.SHORT_LIVED_DRIVER).
     specs = write_test_spec(tmp_path / "pipelines", topic, max_records=10_000, bootstrap=kafka.bootstrap_servers,
-                            spark_mode="submit")
+                            spark_mode="submit", jvm_defaults=True)
     return {**service_env, "MICROBATCH_PIPELINES_DIR": str(specs)}
 
 
