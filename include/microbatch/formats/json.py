@@ -70,11 +70,11 @@ _SURROGATE_ESCAPE = r"\\u[dD][89a-fA-F]"
 """An escape of a UTF-16 surrogate (or a text with an escaped backslash before "ud8"): from_json reads a lone one,
 parse_json refuses it, so such a value takes the strict path."""
 SQL_CONF = {"spark.sql.variant.allowDuplicateKeys": "true"}
+"""parse_json keeps the last of a repeated key, as from_json does (Spark reads it when it plans the query)."""
 _JVM_KINDS = {"string": 0, "date": 1, "timestamp": 1, "timestamp_ntz": 1, "boolean": 2, "tinyint": 3,
               "smallint": 4, "int": 5, "bigint": 6, "double": 7, "decimal": 8}
 """The types JsonDecoder.java reads, to its kinds (its constants); 1 and 8: the JSON text, for Spark's cast."""
 _JVM_TEXT = (1, 8)
-"""parse_json keeps the last of a repeated key, as from_json does (Spark reads it when it plans the query)."""
 
 
 class JsonField(DeclaredField):
@@ -169,6 +169,11 @@ def _native_type(spec: JsonSpec, json_name: str) -> str | None:
     return kinds.pop() if len(kinds) == 1 else None
 
 
+def _not_a(subject: str, name: str, field: JsonField) -> str:
+    """The reason of a field of another type (JsonDecoder.java writes the same sentence)."""
+    return f"{subject} field '{name}' is not {field.sql_type.article} {field.type}"
+
+
 def _quote(name: str) -> str:
     return "`" + name.replace("`", "``") + "`"
 
@@ -221,8 +226,7 @@ class JsonFormat(Format[JsonSpec]):
                 else F.try_variant_get(element, "$", field.type)
             absent, null, good = element.isNull(), F.is_variant_null(element), F.col(helper(f"fits{i}"))
             judged[helper(f"strict{i}")] = F.when(~absent & ~null & good, F.col(helper(f"value{i}"))).cast(field.type)
-            problem = F.when(~absent & ~null & ~good,
-                             f"{subject} field '{name}' is not {field.sql_type.article} {field.type}")
+            problem = F.when(~absent & ~null & ~good, _not_a(subject, name, field))
             if name in self.spec.required:
                 problem = (F.when(absent, f"{subject} lacks the required field '{name}'")
                            .when(null, f"{subject} field '{name}' is null but required").otherwise(problem))
@@ -327,7 +331,7 @@ class JsonFormat(Format[JsonSpec]):
             if kind in _JVM_TEXT:
                 cast = F.col(f"__mb_{subject}_cast{i}")
                 problem = F.coalesce(problem, F.when(out.getField(f"c{i}").isNotNull() & cast.isNull(), F.lit(
-                    f"{subject} field '{name}' is not {field.sql_type.article} {field.type}")))
+                    _not_a(subject, name, field))))
                 columns[name] = cast
             else:
                 columns[name] = out.getField(f"c{i}")
