@@ -33,6 +33,9 @@ from microbatch.errors import MicrobatchError, SpecError, error_summary
 from microbatch.runtime import cache_dir
 
 if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+    from microbatch.config import PipelineSpec
     from microbatch.ledger.database import Ledger
     from microbatch.runner import RunOutcome
     from microbatch.sinks.base import Sink
@@ -740,11 +743,13 @@ def reprocess(
 
 @app.command()
 def verify(pipeline: str, as_json: JsonFlag = False) -> None:
-    """Audit the ledger: committed ranges and gaps cover every offset up to each position, no overlap; and each
-    Delta table of the pipeline holds every committed batch in exactly one version, and no other batch."""
+    """Audit the ledger: committed ranges and gaps cover every offset up to each position, no overlap; each
+    lakehouse table holds every committed batch in exactly one version, and no other batch; and every sink holds
+    the rows the ledger committed for each batch (`microbatch reland` lands a batch that lost them again)."""
     from microbatch.config import find_spec
     from microbatch.ledger import repository as repo
     from microbatch.ledger.database import transaction
+    from microbatch.phases.audit import audit_rows
     from microbatch.planning import find_holes, find_overlaps
     from microbatch.sinks.registry import sinks_of
 
@@ -759,13 +764,21 @@ def verify(pipeline: str, as_json: JsonFlag = False) -> None:
             spec = None
         lake_lines: list[str] = []
         lake_problems: list[str] = []
-        for sink in sinks_of(spec).values() if spec is not None else ():
+        sinks = sinks_of(spec) if spec is not None else {}
+        for sink in sinks.values():
             if sink.lake_location is not None:
-                lines, found = sink.audit(session, spec, pid, repo.pipeline_uid(session, pid))
+                try:
+                    lines, found = sink.audit(session, spec, pid, repo.pipeline_uid(session, pid))
+                except MicrobatchError as exc:
+                    lines, found = [], [f"{sink.type} {sink.name}: {exc}"]
+                except Exception as exc:  # a table that cannot be read is a finding, not a traceback
+                    lines, found = [], [f"{sink.type} {sink.name}: its table cannot be read ({error_summary(exc)})"]
                 lake_lines += lines
                 lake_problems += found
+        rows = audit_rows(session, pipeline, pid, sinks)
     problems = [f"overlap: {a} and {b}" for a, b in find_overlaps(ranges)] + find_holes(ranges, gaps, positions)
-    problems += lake_problems
+    problems += lake_problems + rows.problems
+    lake_lines += rows.lines
     if as_json:
         print(json.dumps({"ok": not problems, "ranges": len(ranges), "gaps": len(gaps), "tables": lake_lines,
                           "problems": problems}))
@@ -779,6 +792,82 @@ def verify(pipeline: str, as_json: JsonFlag = False) -> None:
             console.print(f"ok: {line}")
     if problems:
         raise typer.Exit(1)
+
+
+@app.command()
+def reland(
+    pipeline: str,
+    sink: Annotated[str, typer.Argument(help="The append sink (a Postgres or lakehouse append table) to land into.")],
+    batch: Annotated[list[int] | None, typer.Option(
+        "--batch", help="A committed batch to land again (repeatable); default: those verify names.")] = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the batches; write nothing.")] = False,
+) -> None:
+    """Land committed batches again into ONE append sink whose table lost their rows: each batch's committed ranges
+    are read and transformed as its stage did, and replace the rows of those ranges in that sink in one table commit,
+    recorded in the ledger. Other sinks, offsets and state are untouched."""
+    from microbatch.config import find_spec
+    from microbatch.ledger.database import transaction
+    from microbatch.phases.audit import audit_rows
+    from microbatch.phases.reland import reland_batches, relandable
+
+    spec = find_spec(pipeline)
+    target = relandable(spec, sink)
+    with transaction(_ledger_url()) as session:
+        pid = _pipeline_id(session, pipeline)
+        lost = audit_rows(session, pipeline, pid, {sink: target}).lost.get(sink, [])
+    chosen = sorted(set(batch)) if batch else lost
+    if not chosen:
+        console.print(f"{pipeline}: sink {sink} holds the rows of every committed batch; nothing to reland")
+        return
+    console.print(f"{pipeline}: relanding {len(chosen)} batch(es) into {sink}: {', '.join(map(str, chosen))}")
+    if dry_run:
+        return
+    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+    logging.getLogger("py4j").setLevel(logging.WARNING)
+    with _reland_session(spec) as spark:
+        done = reland_batches(spark, spec, target, chosen, _ledger(), _kafka())
+    for one in done:
+        version = f" as version {one.version}" if one.version is not None else ""
+        console.print(f"  batch {one.batch_id}: {one.rows} rows landed in {sink}{version} ({one.seconds:.1f}s)")
+    with transaction(_ledger_url()) as session:
+        left = audit_rows(session, pipeline, pid, {sink: target}).lost.get(sink, [])
+    console.print(f"{pipeline}: sink {sink} " + (f"still differs from the ledger in batches {left}" if left else
+                                                  "now holds the rows the ledger committed for every batch"))
+    if left:
+        raise typer.Exit(1)
+
+
+@contextmanager
+def _reland_session(spec: PipelineSpec) -> Iterator[SparkSession]:
+    """The Spark a reland runs on: the pipeline's Spark Connect server in mode connect (or auto with one set),
+    else a local Spark in this process with the platform's jars."""
+    from microbatch.phases.stage import connect_client_scope, connect_session
+    from microbatch.runtime import spark_jars
+    from microbatch.sinks.registry import spark_session_conf
+
+    mode = spec.spark.resolved(settings.spark_remote_set())
+    if mode.mode == "connect":
+        with connect_client_scope():
+            spark = connect_session(settings.spark_remote(mode.connection), spec.spark.conf)
+            try:
+                yield spark
+            finally:
+                spark.stop()
+        return
+    from pyspark.sql import SparkSession
+
+    builder = SparkSession.builder.master("local[2]").appName(f"microbatch-{spec.name}-reland")
+    conf = {"spark.sql.session.timeZone": "UTC", "spark.driver.extraJavaOptions": "-Duser.timezone=UTC",
+            "spark.ui.enabled": "false", "spark.jars": ",".join(str(p) for p in spark_jars()),
+            **spark_session_conf(spec), **spec.spark.conf}
+    for key, value in conf.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("WARN")
+    try:
+        yield spark
+    finally:
+        spark.stop()
 
 
 @app.command()

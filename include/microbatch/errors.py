@@ -43,6 +43,13 @@ class ConcurrentCommitError(MicrobatchError):
     retryable = True
 
 
+class RowCountError(MicrobatchError):
+    """A sink's table would hold other rows than the stage handed it (an attempt's files, a merge); nothing of the
+    attempt was committed, and a retry writes it again."""
+
+    retryable = True
+
+
 class TransientServiceError(MicrobatchError):
     """Kafka or Postgres could not be reached; a retry may succeed."""
 

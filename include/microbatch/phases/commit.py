@@ -23,8 +23,9 @@ from sqlalchemy.orm import Session
 
 from microbatch import failpoints
 from microbatch.config import PipelineSpec
-from microbatch.errors import ConcurrentCommitError, MicrobatchError, ZombieAttemptError
+from microbatch.errors import ConcurrentCommitError, MicrobatchError, RowCountError, ZombieAttemptError
 from microbatch.ledger import repository as repo
+from microbatch.ledger import rows
 from microbatch.ledger.models import BACKFILL_KINDS, Batch, BatchKind, BatchState, Pipeline
 from microbatch.phases.results import CommitResult, PositionMove
 from microbatch.sinks.base import CommitContext, watermark_timestamp
@@ -183,7 +184,8 @@ def _advance_positions(
 def _merge_sinks(session: Session, ctx: CommitContext, batch: Batch, result: CommitResult) -> None:
     """Each sink in spec order: check its staged rows against the stage's count, retract what a replay
     supersedes, merge."""
-    staged_rows = dict(batch.counts.get("rows_by_sink", {}))
+    staged_rows = dict(batch.counts.get(rows.ROWS, {}))
+    kept: dict[str, int] = {}
     for sink in ctx.sinks.values():
         sink.check_staged(session, ctx, staged_rows.get(sink.name, 0))
         if ctx.replay:
@@ -193,6 +195,15 @@ def _merge_sinks(session: Session, ctx: CommitContext, batch: Batch, result: Com
         merged = sink.merge(session, ctx)
         if merged is not None:
             result.rows_by_sink[sink.name] = merged
+        appended = sink.row_audit == "coordinates" and not sink.writes_in_stage
+        if appended and merged is not None and merged != staged_rows.get(sink.name, 0):
+            raise RowCountError(
+                f"Batch {ctx.batch_id}: sink {sink.name} merged {merged} rows but {staged_rows.get(sink.name, 0)} "
+                "were staged; nothing was committed.", fix="The retry commits the batch again.")
+        kept_rows = sink.kept_rows(session, ctx)
+        if kept_rows is not None:
+            kept[sink.name] = kept_rows
+    rows.record_kept(batch, kept)
 
 
 def _move_bad_records(session: Session, ctx: CommitContext, batch: Batch, result: CommitResult) -> None:

@@ -140,6 +140,29 @@ class StageContext:
 
 
 @dataclass(frozen=True)
+class RelandContext:
+    """A committed batch that `microbatch reland` lands again into one append sink (`phases/reland.py`)."""
+
+    pipeline: str
+    pipeline_id: int
+    pipeline_uid: str
+    batch_id: int
+    attempt: int
+    """The attempt the batch was committed with."""
+    ranges: Sequence[OffsetRange]
+    number: int
+    """1 for the batch's first reland into the sink, then 2, ..."""
+    rows: int
+    """The rows the ledger committed for the sink, which the reland lands."""
+    ledger: Ledger
+
+    @property
+    def staged(self) -> dict[str, int]:
+        """The parameters that select the reland's staged rows (tagged with the attempt -number)."""
+        return {"batch_id": self.batch_id, "attempt": -self.number}
+
+
+@dataclass(frozen=True)
 class CommitContext:
     """The batch being committed, as every sink sees it inside the commit's transaction."""
 
@@ -241,6 +264,10 @@ class Sink:
     assets are the publish task's outlets."""
     maintenance_summary: ClassVar[str] = ""
     """What the `<pipeline>__maintenance` DAG does to this sink's table, for the DAG's description."""
+    row_audit: str | None = None
+    """How `microbatch verify` checks a committed batch's rows (`phases/audit.py`): `coordinates`, an append sink
+    whose rows in the batch's ranges must be the rows the stage handed it; `kept`, a sink whose commit keeps
+    per-batch rows (`kept_rows`) that must still be there; None: offsets only."""
 
     def __init__(self, spec: SinkSpec) -> None:
         self.spec = spec
@@ -343,6 +370,16 @@ class Sink:
         """The maintenance DAG's job for this sink (compaction, clean-up), in a spark-submit."""
         return None
 
+    def live_rows(self, session: Session, pipeline_id: int, ranges: Mapping[int, Sequence[OffsetRange]]
+                  ) -> dict[int, int]:
+        """`row_audit` sinks, for `microbatch verify`: the rows the sink holds now per batch of `ranges` (committed
+        batches and their ranges), counted from its own table."""
+        raise NotImplementedError(f"sink type {self.type} is not audited by its rows")
+
+    def kept_rows(self, session: Session, ctx: CommitContext) -> int | None:
+        """`kept` sinks, in the commit after `merge`: the rows kept for this batch, which the ledger records."""
+        return None
+
     def replay_footprint(self, session: Session, keys: str) -> tuple[int, object, object] | None:
         """Before a replay: (rows, first window start, last window end) of what the replaced ranges contributed
         to this sink, `keys` the JSON list of {b: batch, t: topic, n: partition}; None: nothing to report."""
@@ -388,6 +425,20 @@ class Sink:
         names the batch, unless the table already holds the batch; return the version that holds it. Hit
         `BEFORE_LAKE_COMMIT` right before the table's commit and `AFTER_LAKE_COMMIT` right after it."""
         raise NotImplementedError(f"sink type {self.type} stages through Postgres, not in the stage")
+
+    def reland_table(self, rows: DataFrame, ctx: RelandContext) -> TableWrite:
+        """`row_audit == "coordinates"` lakehouse sinks: replace the rows of the batch's ranges by `rows` in one table
+        commit, record the reland in the ledger (`ledger/rows.record_reland`); the version made."""
+        raise NotImplementedError(f"sink type {self.type} relands through Postgres")
+
+    def clear_reland(self, session: Session, ctx: RelandContext) -> None:
+        """Postgres append sinks: delete what an earlier run of the same reland left staged."""
+        raise NotImplementedError(f"sink type {self.type} cannot be relanded")
+
+    def reland_staged(self, session: Session, ctx: RelandContext) -> int:
+        """Postgres append sinks: replace the rows of the batch's ranges by the reland's staged rows, and delete
+        those; the rows inserted."""
+        raise NotImplementedError(f"sink type {self.type} cannot be relanded")
 
     def check_replay(self) -> None:
         """Refuse (one `SpecError` sentence) a backfill in mode `replay` that this sink cannot take."""

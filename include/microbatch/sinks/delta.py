@@ -51,12 +51,14 @@ from microbatch.ledger import lake
 from microbatch.ledger import repository as repo
 from microbatch.ledger.models import OPEN_STATES, BatchState
 from microbatch.runtime import cache_dir
+from microbatch.sinks.audit import count_in_ranges
 from microbatch.sinks.base import (
     AFTER_LAKE_COMMIT,
     BEFORE_LAKE_COMMIT,
     AssetRef,
     CommitContext,
     LineagePlaces,
+    RelandContext,
     Sink,
     StageContext,
     Staging,
@@ -127,24 +129,35 @@ def app_id(owner: Owner, batch_id: int) -> str:
     return f"microbatch/{owner.pipeline}/{owner.uid}/{owner.sink}/{batch_id}"
 
 
-def commit_metadata(owner: Owner, batch_id: int, attempt: int, ranges: Sequence[OffsetRange]) -> str:
-    """The `userMetadata` of the batch's Delta commit: what it holds, readable by any Delta reader."""
+def commit_metadata(owner: Owner, batch_id: int, attempt: int, ranges: Sequence[OffsetRange],
+                    reland: int | None = None) -> str:
+    """The `userMetadata` of the batch's Delta commit: what it holds, readable by any Delta reader; a commit of
+    `microbatch reland` carries the reland's number too."""
     return json.dumps({"microbatch": {
         "pipeline": owner.pipeline, "ledger": owner.uid, "sink": owner.sink, "batch_id": batch_id,
         "attempt": attempt,
         "ranges": [{"topic": r.topic, "partition": r.partition, "start": r.start, "end": r.end} for r in ranges],
+        **({"reland": reland} if reland is not None else {}),
     }}, sort_keys=True)
 
 
-def microbatch_meta(user_metadata: str | None) -> dict[str, Any] | None:
-    """The microbatch part of a commit's `userMetadata`, or None for a commit microbatch did not make."""
+def microbatch_meta(user_metadata: str | None, relands: bool = False) -> dict[str, Any] | None:
+    """The microbatch part of a commit's `userMetadata`, or None for a commit microbatch did not make; a commit of
+    `microbatch reland` only with `relands` (the batch's own commit stays the one the ledger recorded)."""
     if not user_metadata:
         return None
     try:
         meta = json.loads(user_metadata).get("microbatch")
     except (ValueError, AttributeError):
         return None
-    return meta if isinstance(meta, dict) and "batch_id" in meta else None
+    if not isinstance(meta, dict) or "batch_id" not in meta or ("reland" in meta and not relands):
+        return None
+    return meta
+
+
+def reland_metadata(owner: Owner, ctx: RelandContext) -> str:
+    """The metadata of a reland's table commit."""
+    return commit_metadata(owner, ctx.batch_id, ctx.attempt, ctx.ranges, reland=ctx.number)
 
 
 def batch_of(user_metadata: str | None, owner: Owner) -> dict[str, Any] | None:
@@ -325,6 +338,39 @@ def write_batch(df: DataFrame, sink: DeltaSink, owner: Owner, batch_id: int, att
     return found, found.attempt == attempt
 
 
+def coordinates(loc: str) -> Any:
+    """The source coordinates of every row of the table at `loc`, as Arrow (none if it has no table)."""
+    import pyarrow as pa
+
+    table = existing_table(loc)
+    if table is None:
+        return pa.table({"topic": pa.array([], pa.string()), "partition": pa.array([], pa.int32()),
+                         "offset": pa.array([], pa.int64())})
+    return table.to_pyarrow_table(columns=list(COORDINATE_TYPES))
+
+
+def reland(df: DataFrame, sink: DeltaSink, owner: Owner, ctx: RelandContext) -> TableWrite:
+    """`microbatch reland` of an append table: the rows of the batch's ranges replaced by `df` in ONE Delta commit
+    (`replaceWhere`, its own idempotent key), recorded in the ledger; the version it made."""
+    from microbatch.ledger import rows as ledger_rows
+
+    loc = location(sink)
+    metadata = reland_metadata(owner, ctx)
+    (df.select(*written_columns(sink)).write.format("delta").mode("overwrite")
+     .option("replaceWhere", replace_where(ctx.ranges)).option("txnAppId", f"{app_id(owner, ctx.batch_id)}/reland")
+     .option("txnVersion", ctx.number).option("userMetadata", metadata).save(loc))
+    for entry in _history(loc, HISTORY_WINDOW):
+        if entry.get("userMetadata") == metadata:  # the commit just made (or skipped as made by a run before)
+            version, rows = int(entry["version"]), _rows(entry)
+            break
+    else:
+        raise MicrobatchError(f"sink '{sink.name}': the reland of batch {ctx.batch_id} is in no version of {loc}.",
+                              fix="Run `microbatch reland` again.")
+    with ctx.ledger.transaction() as session:
+        ledger_rows.record_reland(session, ctx.batch_id, sink.name, version, rows)
+    return TableWrite(loc, version, rows, ctx.attempt, True)
+
+
 class DeltaTableSink(Sink):
     """The `delta` sink: the stage writes the table (see the module's docstring); the ledger's commit checks
     that the version holding the batch is recorded, and commits it."""
@@ -337,6 +383,7 @@ class DeltaTableSink(Sink):
 
     def __init__(self, spec: DeltaSink) -> None:
         super().__init__(spec)
+        self.row_audit = "coordinates" if spec.mode == "append" else None  # an upsert keeps each key's last row
         columns = written_columns(spec)
         self.staging = Staging(table="", columns=columns,
                                fix=f"Return a DataFrame with the columns {', '.join(columns)} for it from outputs().")
@@ -397,6 +444,13 @@ class DeltaTableSink(Sink):
                                    ctx.attempt, ctx.ranges)
         AFTER_LAKE_COMMIT.hit()
         return TableWrite(self.lake_location, found.version, found.rows, found.attempt, wrote)
+
+    def live_rows(self, session: Session, pipeline_id: int, ranges: Mapping[int, Sequence[OffsetRange]]
+                  ) -> dict[int, int]:
+        return count_in_ranges(coordinates(self.lake_location), ranges)
+
+    def reland_table(self, rows: DataFrame, ctx: RelandContext) -> TableWrite:
+        return reland(rows, self.spec, Owner(ctx.pipeline, ctx.pipeline_uid, self.name), ctx)
 
     def check_replay(self) -> None:
         """An upsert table keeps each key's winner only, not the history a replay recomputes it from."""
@@ -557,13 +611,23 @@ def audit(session: Session, spec: PipelineSpec, sinks: Sequence[DeltaSink], pipe
 
 def table_view(sink: DeltaSink, limit: int, group_by: str | None = None) -> TableView:
     """The newest rows of the table (by source coordinates), or with `group_by` the row count per value of that
-    column, largest first: a query of the table by delta-rs and Arrow, no Spark."""
+    column, largest first: a query of the table by delta-rs and Arrow, no Spark. A table without files (as
+    `migrate` made it, or after empty writes) is 0 rows; a missing table, or one whose files are gone, is a
+    `MicrobatchError` sentence."""
     import pyarrow.compute as pc
-    from deltalake import DeltaTable
+
+    from microbatch.errors import error_summary
 
     loc = location(sink)
-    table = DeltaTable(loc)
-    data = table.to_pyarrow_table()
+    table = existing_table(loc)
+    if table is None:
+        raise SpecError(f"Delta table {loc} of sink '{sink.name}' does not exist.",
+                        fix="Run `microbatch migrate`, which creates it from the spec.")
+    try:
+        data = table.to_pyarrow_table()
+    except OSError as exc:  # a file the table's version references is gone
+        raise MicrobatchError(f"Delta table {loc} of sink '{sink.name}' cannot be read ({error_summary(exc)}).",
+                              fix="Restore its files there: its log still references them.") from exc
     if DELETED in data.column_names:  # an upsert table: its tombstones are not rows of the view
         data = data.filter(pc.invert(pc.fill_null(data[DELETED], False))).drop_columns([DELETED])
     if group_by is not None:

@@ -41,26 +41,36 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy.orm import Session
 
 from microbatch.config import SOURCE_COORDINATES, IcebergSink, PipelineSpec
-from microbatch.errors import MicrobatchError, SpecError
+from microbatch.errors import MicrobatchError, RowCountError, SpecError
 from microbatch.ledger import lake
 from microbatch.ledger import repository as repo
 from microbatch.ledger.database import Ledger
 from microbatch.ledger.models import OPEN_STATES, BatchState
 from microbatch.settings import ledger_url as configured_ledger_url
+from microbatch.sinks.audit import count_in_ranges
 from microbatch.sinks.base import (
     AFTER_LAKE_COMMIT,
     BEFORE_LAKE_COMMIT,
     AssetRef,
     CommitContext,
     LineagePlaces,
+    RelandContext,
     Sink,
     StageContext,
     Staging,
     TableView,
     table_asset,
 )
-from microbatch.sinks.delta import WAREHOUSE_ENV, Owner, batch_of, commit_metadata, microbatch_meta, warehouse
-from microbatch.types import TableWrite
+from microbatch.sinks.delta import (
+    WAREHOUSE_ENV,
+    Owner,
+    batch_of,
+    commit_metadata,
+    microbatch_meta,
+    reland_metadata,
+    warehouse,
+)
+from microbatch.types import OffsetRange, TableWrite
 
 if TYPE_CHECKING:
     from pyiceberg.catalog.sql import SqlCatalog
@@ -197,6 +207,13 @@ def load(sink: IcebergSink, url: str) -> Table | None:
         return catalog(url).load_table(identifier(sink))
     except (NoSuchTableError, NoSuchNamespaceError):
         return None
+    except FileNotFoundError as exc:  # the catalog's row points at a metadata file that is gone
+        namespace, name = identifier(sink)
+        raise SpecError(f"Iceberg table {namespace}.{name} of sink '{sink.name}' is in the catalog, but its metadata "
+                        f"file under {location(sink)} is gone (its warehouse was removed or moved).",
+                        fix="Restore the warehouse there, or drop the table from the catalog (DELETE FROM "
+                        f"iceberg_tables WHERE catalog_name = '{CATALOG}' AND table_namespace = '{namespace}' AND "
+                        f"table_name = '{name}') and run `microbatch migrate`, which creates it empty.") from exc
     except Exception as exc:  # the catalog's tables are missing: `migrate` creates them
         if "iceberg_tables" in str(exc):
             return None
@@ -374,7 +391,53 @@ def write_files(rows: DataFrame, sink: IcebergSink, folder: str) -> list[str]:
             spark.conf.unset(OUTPUT_TIMESTAMP)
         else:
             spark.conf.set(OUTPUT_TIMESTAMP, previous)
-    return [path for path in list_files(folder) if path.endswith(".parquet") and "/." not in path]
+    return data_files(folder, list_files(folder))
+
+
+def data_files(folder: str, paths: Iterable[str]) -> list[str]:
+    """The Parquet files among `paths` (every file under `folder`) that the write committed: not a file whose name
+    starts with `.` or `_` (a checksum, a marker), nor one in a hidden folder or Spark's `_temporary` below
+    `folder` (the partition folders are `_p0=...`). Only the part below `folder` is looked at: the folder itself
+    may be anywhere, the default warehouse `.cache/warehouse` included."""
+    root = folder.rstrip("/") + "/"
+    kept = []
+    for path in paths:
+        *folders, name = (path[len(root):] if path.startswith(root) else path.rsplit("/", 1)[-1]).split("/")
+        hidden = name.startswith((".", "_")) or any(f.startswith(".") or f == "_temporary" for f in folders)
+        if name.endswith(".parquet") and not hidden:
+            kept.append(path)
+    return kept
+
+
+def file_rows(paths: Iterable[str]) -> int:
+    """The rows the Parquet files hold, from their footers (no data read)."""
+    import pyarrow.parquet as pq
+    from pyarrow import fs
+
+    total = 0
+    for path in paths:
+        filesystem, inner = fs.FileSystem.from_uri(path if "://" in path else f"file://{os.path.abspath(path)}")
+        with filesystem.open_input_file(inner) as handle:
+            total += pq.ParquetFile(handle).metadata.num_rows
+    return total
+
+
+def checked_files(rows: DataFrame, sink: IcebergSink, folder: str, ctx: StageContext) -> list[str]:
+    """`write_files`, then the rows the files hold (their footers) against the rows the stage handed the sink
+    (counted as Spark wrote them): a difference fails the attempt before the table's commit, so nothing counts."""
+    from pyspark.sql import Observation
+    from pyspark.sql import functions as F
+
+    handed = Observation(f"iceberg_{sink.name}_{ctx.batch_id}_{ctx.attempt}")
+    files = write_files(rows.observe(handed, F.count(F.lit(1)).alias("rows")), sink, folder)
+    expected, held = int(handed.get["rows"]), file_rows(files)
+    if held != expected:
+        raise RowCountError(
+            f"sink '{sink.name}': batch {ctx.batch_id} attempt {ctx.attempt} handed the table {expected} rows but "
+            f"its {len(files)} data files under {folder} hold {held}; nothing was committed.",
+            fix="The retry writes the batch again; if it repeats, check what else writes or removes files there.")
+    log.info("  %s: %s rows in %s data files, as the stage handed them", sink.name, held, len(files))
+    return files
 
 
 def list_files(folder: str) -> list[str]:
@@ -425,7 +488,7 @@ def write_batch(rows: DataFrame, sink: IcebergSink, owner: Owner, ctx: StageCont
     found = find_batch(table, owner, ctx.batch_id)
     if found is not None:
         return found, False
-    files = write_files(rows, sink, attempt_folder(location(sink), ctx.batch_id, ctx.attempt))
+    files = checked_files(rows, sink, attempt_folder(location(sink), ctx.batch_id, ctx.attempt), ctx)
     BEFORE_LAKE_COMMIT.hit()
     with fenced(ctx.ledger, sink.name, ctx.batch_id, ctx.attempt) as session:
         table = table.refresh()
@@ -442,6 +505,55 @@ def write_batch(rows: DataFrame, sink: IcebergSink, owner: Owner, ctx: StageCont
         lake.record_table_write(session, ctx.pipeline_id, sink.name, ctx.batch_id, ctx.attempt,
                                 TableWrite(location(sink), found.snapshot_id, found.rows, found.attempt, wrote))
     return found, wrote
+
+
+def coordinates(table: Table | None) -> Any:
+    """The source coordinates of every row of the table, as Arrow (none for no table, or no snapshot)."""
+    import pyarrow as pa
+
+    empty = pa.table({"topic": pa.array([], pa.string()), "partition": pa.array([], pa.int32()),
+                      "offset": pa.array([], pa.int64())})
+    if table is None or table.current_snapshot() is None:
+        return empty
+    try:
+        return table.scan(selected_fields=tuple(COORDINATES)).to_arrow()
+    except pa.ArrowInvalid:  # a snapshot without data files (pyarrow: "Must pass at least one table")
+        return empty
+
+
+def ranges_filter(ranges: Sequence[OffsetRange]) -> Any:
+    """A pyiceberg row filter selecting the rows of `ranges`."""
+    from pyiceberg.expressions import And, EqualTo, GreaterThanOrEqual, LessThan, Or
+
+    terms = [And(EqualTo("topic", r.topic), EqualTo("partition", r.partition), GreaterThanOrEqual("offset", r.start),
+                 LessThan("offset", r.end)) for r in ranges]
+    return terms[0] if len(terms) == 1 else Or(*terms)
+
+
+def reland(rows: DataFrame, sink: IcebergSink, owner: Owner, ctx: RelandContext) -> TableWrite:
+    """`microbatch reland`: Spark writes the batch's files into a reland folder of their own, then ONE pyiceberg
+    transaction deletes the rows of the batch's ranges and adds the files, recorded in the ledger."""
+    from microbatch.ledger import rows as ledger_rows
+
+    url = ctx.ledger.url
+    table = load(sink, url)
+    if table is None:
+        raise SpecError(f"Iceberg table {'.'.join(identifier(sink))} of sink '{sink.name}' does not exist.",
+                        fix="Run `microbatch migrate`, which creates it from the spec.")
+    folder = f"{location(sink).rstrip('/')}/data/microbatch-{ctx.batch_id}-reland{ctx.number}"
+    stage_ctx = StageContext(ctx.pipeline, ctx.pipeline_id, ctx.pipeline_uid, ctx.batch_id, ctx.attempt, ctx.ranges)
+    files = checked_files(rows, sink, folder, stage_ctx)
+    properties = {SUMMARY_KEY: reland_metadata(owner, ctx)}
+    with table.transaction() as tx:
+        tx.delete(delete_filter=ranges_filter(ctx.ranges), snapshot_properties=properties)
+        tx.add_files(files, snapshot_properties=properties, check_duplicate_files=False)
+    table = table.refresh()
+    snapshot = table.current_snapshot()
+    assert snapshot is not None, "the reland's transaction made a snapshot"
+    added = int((snapshot.summary or {}).get("added-records") or 0)
+    with ctx.ledger.transaction() as session:
+        ledger_rows.record_reland(session, ctx.batch_id, sink.name, snapshot.snapshot_id, added)
+    return TableWrite(location(sink), snapshot.snapshot_id, added, ctx.attempt, True)
 
 
 # --- the audit (`microbatch verify`) and the maintenance (`microbatch maintain`) -------------------------
@@ -538,14 +650,27 @@ def _mtime(path: str) -> float:
 
 def table_view(sink: IcebergSink, url: str, limit: int, group_by: str | None) -> TableView:
     """The newest rows of the table (by source coordinates), or the row count per value of `group_by`, read by
-    pyiceberg's scan, no Spark."""
+    pyiceberg's scan, no Spark. A table with no snapshot, or none but empty ones (an APPEND of no file), is 0
+    rows; a missing table, or one whose files are gone, is a `MicrobatchError` sentence."""
     import pyarrow.compute as pc
+
+    from microbatch.errors import error_summary
 
     table = load(sink, url)
     if table is None:
         raise SpecError(f"Iceberg table {'.'.join(identifier(sink))} of sink '{sink.name}' does not exist.",
                         fix="Run `microbatch migrate`, which creates it from the spec.")
-    data = table.scan().to_arrow()
+    scan = table.scan()
+    try:
+        # The current snapshot's data files, from its manifests (not `inspect.data_files()`: it fails on a snapshot
+        # with no manifest, as an empty APPEND).
+        files = len(list(scan.plan_files()))
+        data = scan.to_arrow()
+    except OSError as exc:  # a file the snapshot references is gone
+        raise MicrobatchError(f"Iceberg table {'.'.join(identifier(sink))} of sink '{sink.name}' at {location(sink)} "
+                              f"cannot be read ({error_summary(exc)}).",
+                              fix="Restore its files there: the catalog in the ledger's database still points at "
+                              "them.") from exc
     if group_by is not None:
         counted = data.group_by(group_by).aggregate([(group_by, "count")]).sort_by(
             [(f"{group_by}_count", "descending"), (group_by, "ascending")])
@@ -559,7 +684,6 @@ def table_view(sink: IcebergSink, url: str, limit: int, group_by: str | None) ->
         columns = newest.column_names
         rows = [tuple(r[c] for c in columns) for r in newest.to_pylist()]
     snapshot = table.current_snapshot()
-    files = len(referenced_files(table))
     return TableView(location(sink), snapshot.snapshot_id if snapshot else 0, files, data.num_rows, columns, rows,
                      "pyiceberg")
 
@@ -570,6 +694,7 @@ class IcebergTableSink(Sink):
 
     type = "iceberg"
     writes_in_stage = True
+    row_audit = "coordinates"
     maintenance_summary = "Remove the orphaned data files of the Iceberg tables"
     spec: IcebergSink
 
@@ -634,6 +759,14 @@ class IcebergTableSink(Sink):
     def write_in_stage(self, rows: DataFrame, ctx: StageContext) -> TableWrite:
         found, wrote = write_batch(rows, self.spec, Owner(ctx.pipeline, ctx.pipeline_uid, self.name), ctx)
         return TableWrite(self.lake_location, found.snapshot_id, found.rows, found.attempt, wrote)
+
+    def live_rows(self, session: Session, pipeline_id: int, ranges: Mapping[int, Sequence[OffsetRange]]
+                  ) -> dict[int, int]:
+        url = session.get_bind().url.render_as_string(hide_password=False)
+        return count_in_ranges(coordinates(load(self.spec, url)), ranges)
+
+    def reland_table(self, rows: DataFrame, ctx: RelandContext) -> TableWrite:
+        return reland(rows, self.spec, Owner(ctx.pipeline, ctx.pipeline_uid, self.name), ctx)
 
     def check_replay(self) -> None:
         raise SpecError(

@@ -12,6 +12,7 @@ correction when a backfill or a replay changes a final window.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 import sqlalchemy as sa
@@ -22,6 +23,7 @@ from microbatch.config import PostgresAggregateSink
 from microbatch.errors import SpecError
 from microbatch.ledger import repository as repo
 from microbatch.ledger.fragments import staged_rows, superseded_ranges
+from microbatch.sinks.audit import count_kept
 from microbatch.sinks.base import (
     CommitContext,
     PublishedRows,
@@ -32,6 +34,7 @@ from microbatch.sinks.base import (
     staging_columns,
     watermark_timestamp,
 )
+from microbatch.types import OffsetRange
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -163,6 +166,7 @@ CORRECTIONS = "correction(s) of published windows"
 
 class PostgresAggregate(Sink):
     type = "postgres_aggregate"
+    row_audit = "kept"
     spec: PostgresAggregateSink
 
     def __init__(self, spec: PostgresAggregateSink) -> None:
@@ -177,6 +181,14 @@ class PostgresAggregate(Sink):
     @property
     def table(self) -> str:
         return self.spec.table
+
+    def kept_rows(self, session: Session, ctx: CommitContext) -> int:
+        """The contributions the batch keeps (its partial sums per key, per partition or per batch)."""
+        return count_kept(session, quote(self.spec.contributions_table), [ctx.batch_id])[ctx.batch_id]
+
+    def live_rows(self, session: Session, pipeline_id: int, ranges: Mapping[int, Sequence[OffsetRange]]
+                  ) -> dict[int, int]:
+        return count_kept(session, quote(self.spec.contributions_table), list(ranges))
 
     @property
     def replays_whole_batches(self) -> bool:

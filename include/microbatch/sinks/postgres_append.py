@@ -15,6 +15,8 @@ the last value per coordinates, and drops a retracted one, ends equal to the tab
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+
 import sqlalchemy as sa
 from sqlalchemy import text
 from sqlalchemy.exc import IntegrityError
@@ -23,7 +25,18 @@ from sqlalchemy.orm import Session
 from microbatch.config import SOURCE_COORDINATES, KafkaSink, PostgresAppendSink
 from microbatch.errors import MicrobatchError
 from microbatch.ledger.fragments import staged_rows, superseded_ranges
-from microbatch.sinks.base import CommitContext, PublishedRows, Sink, Staging, quote, sql_type, staging_columns
+from microbatch.sinks.audit import count_rows, delete_rows_sql, ranges_params
+from microbatch.sinks.base import (
+    CommitContext,
+    PublishedRows,
+    RelandContext,
+    Sink,
+    Staging,
+    quote,
+    sql_type,
+    staging_columns,
+)
+from microbatch.types import OffsetRange
 
 
 def coordinate_columns() -> list[sa.Column]:
@@ -73,6 +86,7 @@ def published_staged_rows(sink: PostgresAppendSink | KafkaSink, ctx: CommitConte
 
 class PostgresAppend(Sink):
     type = "postgres_append"
+    row_audit = "coordinates"
     spec: PostgresAppendSink
 
     def __init__(self, spec: PostgresAppendSink) -> None:
@@ -86,6 +100,19 @@ class PostgresAppend(Sink):
     @property
     def table(self) -> str:
         return self.spec.table
+
+    def clear_reland(self, session: Session, ctx: RelandContext) -> None:
+        session.execute(text(f"DELETE FROM {staged_rows(quote(self.spec.staging_table))}"), ctx.staged)
+
+    def reland_staged(self, session: Session, ctx: RelandContext) -> int:
+        session.execute(text(delete_rows_sql(quote(self.spec.table))), ranges_params({ctx.batch_id: ctx.ranges}))
+        landed = session.execute(text(insert_rows_sql(self.spec)), ctx.staged).rowcount
+        self.clear_reland(session, ctx)
+        return landed
+
+    def live_rows(self, session: Session, pipeline_id: int, ranges: Mapping[int, Sequence[OffsetRange]]
+                  ) -> dict[int, int]:
+        return count_rows(session, quote(self.spec.table), ranges)
 
     @property
     def include_late(self) -> bool:

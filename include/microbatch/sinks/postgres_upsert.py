@@ -13,6 +13,8 @@ history had been processed once in order, also for keys whose winner came from a
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+
 import sqlalchemy as sa
 from sqlalchemy import text
 from sqlalchemy.orm import Session
@@ -20,8 +22,10 @@ from sqlalchemy.orm import Session
 from microbatch.config import SOURCE_COORDINATES, PostgresUpsertSink
 from microbatch.errors import SpecError
 from microbatch.ledger.fragments import staged_rows, superseded_ranges
+from microbatch.sinks.audit import count_kept
 from microbatch.sinks.base import CommitContext, Sink, Staging, quote, sql_type, staging_columns, tombstone_sql
 from microbatch.sinks.postgres_append import coordinate_columns
+from microbatch.types import OffsetRange
 
 
 def versions_table(sink: PostgresUpsertSink) -> str:
@@ -95,6 +99,7 @@ def retract_sql(sink: PostgresUpsertSink) -> list[str]:
 
 class PostgresUpsert(Sink):
     type = "postgres_upsert"
+    row_audit = "kept"
     spec: PostgresUpsertSink
 
     def __init__(self, spec: PostgresUpsertSink) -> None:
@@ -110,6 +115,14 @@ class PostgresUpsert(Sink):
     @property
     def table(self) -> str:
         return self.spec.table
+
+    def kept_rows(self, session: Session, ctx: CommitContext) -> int:
+        """The versions the batch keeps (its greatest record per key of each partition it read)."""
+        return count_kept(session, quote(versions_table(self.spec)), [ctx.batch_id])[ctx.batch_id]
+
+    def live_rows(self, session: Session, pipeline_id: int, ranges: Mapping[int, Sequence[OffsetRange]]
+                  ) -> dict[int, int]:
+        return count_kept(session, quote(versions_table(self.spec)), list(ranges))
 
     @property
     def include_late(self) -> bool:
