@@ -96,4 +96,4 @@ soak: jars
 	$(PY) -m tests.chaos.soak --iterations 50 $(if $(SEED),--seed $(SEED),)
 
 clean: down
-	rm -rf .cache/devstack .cache/airflow
+	$(PY) -m microbatch.dev.stack clean

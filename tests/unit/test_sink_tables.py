@@ -58,3 +58,18 @@ def test_sql_type_renders_the_postgres_type(name: str, rendered: str) -> None:
     assert sql_type(name).compile(dialect=postgresql.dialect()) == rendered
     with pytest.raises(ValueError, match="not a column type"):
         sql_type("money")
+
+
+def test_a_lakehouse_sink_names_no_postgres_table() -> None:
+    # An iceberg sink's documented `table:` is its catalog table's name (issue 58): migrate and the plan must not
+    # look for a Postgres table of that name; a delta sink names none either.
+    raw = IP_COUNT.model_dump(mode="json")
+    raw["sinks"] = [{"name": "orders_lake_sink", "type": "iceberg", "table": "orders_lake",
+                     "columns": {"order_id": "text", "amount": "double precision"}},
+                    {"name": "orders_delta", "type": "delta", "columns": {"order_id": "text"}}]
+    spec = PipelineSpec.model_validate(raw)
+    sinks = sinks_of(spec)
+    assert [s.table for s in sinks.values()] == [None, None]
+    assert all(s.lake_location is not None for s in sinks.values())
+    assert required_tables(spec) == []
+    assert [t for t in sink_metadata(spec).tables if t != "batches"] == []

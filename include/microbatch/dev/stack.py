@@ -2,10 +2,11 @@
 run, on which ports, and how to stop every process they started. Each service is a module of its own beside
 this one (kafka.py, postgres.py, spark.py, registry.py, airflow.py); the jars come from `microbatch.runtime`.
 
-`python -m microbatch.dev.stack up|connect|registry|down|cluster|env|jars` manages a detached stack for the demo and
-the UI; `connect` adds a Spark Connect server for pipelines in `spark.mode: connect`, `registry` a schema registry
-(Apicurio, in memory); `make airflow` records its `airflow standalone` here (`record_airflow`), and `down` stops all
-of it. The registry's first start fetches its distribution (no shipped pipeline needs it yet).
+`python -m microbatch.dev.stack up|connect|registry|down|clean|cluster|env|jars` manages a detached stack for the
+demo and the UI; `connect` adds a Spark Connect server for pipelines in `spark.mode: connect`, `registry` a schema
+registry (Apicurio, in memory); `make airflow` records its `airflow standalone` here (`record_airflow`), `down` stops
+all of it and `clean` removes its data (`make clean`). The registry's first start fetches its distribution (no
+shipped pipeline needs it yet).
 """
 
 from __future__ import annotations
@@ -37,6 +38,9 @@ log = logging.getLogger(__name__)
 # Every process the stack starts inherits this variable (never exported to the user's shell by env.sh), so
 # `down` finds what left the process tree it started, e.g. a spark-submit whose Airflow task was killed.
 STACK_ID_ENV = "MICROBATCH_STACK_ID"
+WAREHOUSE_ENV = "MICROBATCH_WAREHOUSE"
+"""Where the lakehouse sinks put a table whose `path` is relative (default `<cache>/warehouse`): `clean` removes the
+default one."""
 
 
 def _state_file() -> Path:
@@ -278,6 +282,33 @@ def down() -> None:
     print("local stack stopped")
 
 
+def clean() -> None:
+    """`make clean`, after `down`: remove the local stack's data (its PostgreSQL, the embedded ledger), Airflow's
+    home and the lake tables of that ledger, the default warehouse `<cache>/warehouse` (their batches, and a
+    catalog's pointers to them, were in the ledger). What it leaves it says in one line: a warehouse that
+    MICROBATCH_WAREHOUSE puts elsewhere, or the default one while MICROBATCH_LEDGER_URL names another ledger than
+    the stack's."""
+    from microbatch.settings import LEDGER_URL_ENV
+    from microbatch.sinks.registry import driver_env
+
+    cache = cache_dir()
+    stack_ledger = _load_state().get("env", {}).get(LEDGER_URL_ENV)
+    other_ledger = os.environ.get(LEDGER_URL_ENV) not in (None, "", stack_ledger)
+    default = cache / "warehouse"
+    folders = [cache / "devstack", cache / "airflow", *([] if other_ledger else [default])]
+    removed = [str(folder) for folder in folders if folder.exists()]
+    for folder in folders:
+        shutil.rmtree(folder, ignore_errors=True)
+    print(f"removed {', '.join(removed)}" if removed else "nothing to remove")
+    if other_ledger and default.exists():
+        print(f"left the lake tables in {default}: {LEDGER_URL_ENV} names a ledger that `make clean` does not "
+              "remove (it is not the local stack's)")
+    chosen = driver_env().get(WAREHOUSE_ENV)  # where the lakehouse sinks resolve their tables' relative paths
+    if chosen and ("://" in chosen or Path(chosen).resolve() != default.resolve()):
+        print(f"left the lake tables in {chosen} ({WAREHOUSE_ENV}): remove them yourself once no ledger you keep "
+              "records their batches")
+
+
 def _is_airflow(cmdline: list[str]) -> bool:
     """Whether a command line is an Airflow command: `airflow ...`, `python .../airflow ...`, or a title that
     an Airflow component set for itself ("airflow scheduler -- ...", "airflow worker -- LocalExecutor")."""
@@ -416,6 +447,8 @@ def main(argv: list[str]) -> int:
         registry()
     elif command == "down":
         down()
+    elif command == "clean":
+        clean()
     elif command == "cluster":
         cluster()
     elif command == "env":
@@ -425,7 +458,8 @@ def main(argv: list[str]) -> int:
             print(f"{kind} jars: {ensure_jars(kind)}")
         print(f"formats jar: {formats_jar()}")
     else:
-        print("usage: python -m microbatch.dev.stack up|connect|registry|down|cluster|env|jars", file=sys.stderr)
+        print("usage: python -m microbatch.dev.stack up|connect|registry|down|clean|cluster|env|jars",
+              file=sys.stderr)
         return 2
     return 0
 

@@ -561,8 +561,8 @@ def reland(rows: DataFrame, sink: IcebergSink, owner: Owner, ctx: RelandContext)
 
 def referenced_files(table: Table) -> set[str]:
     """Every data file that a snapshot of the table references."""
-    if table.current_snapshot() is None:
-        return set()
+    if not any(snapshot.manifests(table.io) for snapshot in table.snapshots()):
+        return set()  # only empty snapshots: pyiceberg's all_files() has no table to concatenate then
     return {_normal(p) for p in table.inspect.all_files().column("file_path").to_pylist()}
 
 

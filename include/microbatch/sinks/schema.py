@@ -86,11 +86,14 @@ def required_tables(spec: PipelineSpec) -> list[str]:
 
 
 def _undeclared(spec: PipelineSpec, declared: set[str]) -> list[str]:
-    """The tables the spec's sinks name that are not among the `declared` ones (`required_tables`)."""
+    """The tables the spec's sinks name that are not among the `declared` ones (`required_tables`). A lakehouse
+    sink names no Postgres table: an iceberg sink's `table` is its catalog table's name."""
     names: list[str] = []
-    for sink_spec in spec.sinks:
+    for sink in sinks_of(spec).values():
+        if sink.lake_location is not None:
+            continue
         for attribute in ("table", "staging_table", "contributions_table"):
-            name = getattr(sink_spec, attribute, None)
+            name = getattr(sink.spec, attribute, None)
             if isinstance(name, str) and name not in declared and name not in names:
                 names.append(name)
     return names
