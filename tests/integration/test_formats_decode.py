@@ -320,3 +320,88 @@ def test_nested_types_are_checked_element_by_element_and_a_json_name_is_read_wit
     assert rows[2]["reason"] == ("value field 'meta' is not a struct<a:int,b:map<string,double>>; "
                                  "value field 'grid' is not an array<array<int>>")
     assert rows[3]["reason"] == "value field 'meta' is not a struct<a:int,b:map<string,double>>"
+
+
+EPOCH_FIELDS = {"b": "bigint", "ms": {"type": "timestamp", "unit": "ms"}, "sec": {"type": "timestamp", "unit": "s"},
+                "us": {"type": "timestamp_ntz", "unit": "us"},
+                "at": {"type": "timestamp", "format": "dd/MM/yyyy HH:mm:ss"},
+                "day": {"type": "date", "format": "dd.MM.yyyy"}}
+EPOCH_LAST = {"ms": 253_402_300_799_999, "sec": 253_402_300_799, "us": 253_402_300_799_999_999}
+EPOCH_GOOD = [
+    {"b": 1, "ms": 1732870000123, "sec": 1732870000, "us": "1732870000123456", "at": "29/11/2026 08:00:01",
+     "day": "29.11.2026"},
+    {"b": 2, "ms": "1732870000123", "sec": "-1", "us": 0, "at": None},  # strings of digits; JSON null; absent
+    {"b": 3, "ms": -1000, **EPOCH_LAST, "at": "01/01/1970 00:00:00"},  # before 1970; the last numbers of year 9999
+]
+EPOCH_WRONG = {"ms": [1.5, "abc", True, "2026-11-29T08:00:00Z", 12345678901234567890, EPOCH_LAST["ms"] + 1, "",
+                      " 12", "1e3", [1]],
+               "sec": [-EPOCH_LAST["sec"] - 1, 1732870000.0], "us": ["0x10", {"a": 1}],
+               "at": ["2026-11-29T08:00:00Z", 5, "29/11/2026", "32/11/2026 08:00:00"],
+               "day": ["2026-11-29", "31.02.2026", 20261129]}
+
+
+def epoch_expected(v: dict) -> tuple[dict, str | None]:
+    """The oracle: each field's microseconds since the epoch (a date as itself) and the reason, in plain Python."""
+    units = {"ms": 1000, "sec": 1_000_000, "us": 1}
+    described = {"ms": "a timestamp in epoch milliseconds", "sec": "a timestamp in epoch seconds",
+                 "us": "a timestamp_ntz in epoch microseconds",
+                 "at": "a timestamp in the format 'dd/MM/yyyy HH:mm:ss'", "day": "a date in the format 'dd.MM.yyyy'"}
+    columns: dict[str, Any] = {"b": v.get("b")}
+    problems = []
+    for name in ("ms", "sec", "us", "at", "day"):
+        x, value = v.get(name), None
+        if x is not None:
+            if name in units:
+                digits = str(x) if isinstance(x, int) and not isinstance(x, bool) else x if isinstance(x, str) else ""
+                number = int(digits) if digits.lstrip("-").isdigit() and digits.strip() == digits else None
+                last = EPOCH_LAST[name]
+                value = number * units[name] if number is not None and -last <= number <= last else None
+            elif isinstance(x, str):
+                try:
+                    parsed = datetime.strptime(x, "%d/%m/%Y %H:%M:%S" if name == "at" else "%d.%m.%Y")
+                except ValueError:
+                    parsed = None
+                if parsed is not None and name == "at":
+                    value = int((parsed.replace(tzinfo=UTC) - datetime(1970, 1, 1, tzinfo=UTC)).total_seconds()
+                                * 1_000_000)
+                elif parsed is not None:
+                    value = parsed.date()
+            if value is None:
+                problems.append(f"value field '{name}' is not {described[name]}")
+        columns[name] = value
+    return columns, "; ".join(problems) or None
+
+
+def test_timestamps_from_epoch_numbers_and_patterns_in_every_decode(spark):
+    """`{type: timestamp, unit: s|ms|us}` reads a JSON integer or a string of its digits, up to year 9999;
+    `{type: timestamp|date, format: pattern}` reads a string in Spark's pattern: the same columns and reasons by
+    the fast path, the strict path (a wrong `zz` beside them) and the JVM decode, equal to an oracle."""
+    from pyspark.sql import functions as F
+
+    spark.conf.set("spark.sql.session.timeZone", "UTC")  # as the stage's session; a pattern without a zone is UTC
+    values = [*EPOCH_GOOD, *({"b": 9, name: x} for name, xs in EPOCH_WRONG.items() for x in xs)]
+    data = [json.dumps(v).encode() for v in values]
+    forced = [b'{"zz": "x", ' + d[1:] for d in data]
+    spec = {"format": "json", "fields": EPOCH_FIELDS, "required": ["b"]}
+    records = spark.createDataFrame([(i, d) for i, d in enumerate([*data, *forced])], "n int, value binary")
+    decoded_by = {}
+    for on_jvm, fields in ((False, EPOCH_FIELDS), (True, EPOCH_FIELDS), (False, {**EPOCH_FIELDS, "zz": "int"})):
+        fmt = formats("raw", {**spec, "fields": fields})[1]
+        fmt = fmt.on_jvm() if on_jvm else fmt
+        assert fmt.jvm == on_jvm
+        decoded = decode_record(formats("raw", "raw")[0], fmt, F.col("key"), F.col("value"))
+        columns = [F.unix_micros(F.col(n).cast("timestamp")).alias(n) if n in ("ms", "sec", "us", "at") else n
+                   for n in ("b", "ms", "sec", "us", "at", "day")]
+        rows = select_decoded(records.withColumn("key", F.lit(None).cast("binary")), decoded, decoded.reason,
+                              "reason").select("n", *columns, "reason").orderBy("n").collect()
+        decoded_by[(on_jvm, len(fields))] = rows
+    plain, jvm_rows, strict = (decoded_by[(False, 6)], decoded_by[(True, 6)], decoded_by[(False, 7)])
+    for i, v in enumerate(values):
+        columns, reason = epoch_expected(v)
+        got = plain[i].asDict()
+        assert ({k: got[k] for k in columns}, got["reason"]) == (columns, reason), v
+        assert jvm_rows[i].asDict() == got, v
+        forced_row = strict[len(values) + i].asDict()
+        assert {k: forced_row[k] for k in columns} == columns, v
+        assert forced_row["reason"] == "; ".join(r for r in (reason, "value field 'zz' is not an int") if r), v
+    assert sum(r["reason"] is None for r in plain[:len(values)]) == len(EPOCH_GOOD)

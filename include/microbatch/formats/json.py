@@ -48,7 +48,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 from pydantic import Field, ValidationInfo, field_validator
 
 from microbatch.formats.base import Decoded, Format, JavaFunction
-from microbatch.formats.fields import DeclaredField, DeclaringSpec
+from microbatch.formats.fields import DeclaredField, DeclaringSpec, converted
 from microbatch.formats.jvm import JSON_DECODER
 from microbatch.formats.sql_types import INTEGERS, SqlType
 
@@ -74,7 +74,9 @@ SQL_CONF = {"spark.sql.variant.allowDuplicateKeys": "true"}
 _JVM_KINDS = {"string": 0, "date": 1, "timestamp": 1, "timestamp_ntz": 1, "boolean": 2, "tinyint": 3,
               "smallint": 4, "int": 5, "bigint": 6, "double": 7, "decimal": 8}
 """The types JsonDecoder.java reads, to its kinds (its constants); 1 and 8: the JSON text, for Spark's cast."""
-_JVM_TEXT = (1, 8)
+_JVM_EPOCH = 9
+"""JsonDecoder.java's kind of an epoch number's field (`unit`): a JSON integer's or string's text."""
+_JVM_TEXT = (1, 8, _JVM_EPOCH)
 
 
 class JsonField(DeclaredField):
@@ -171,7 +173,7 @@ def _native_type(spec: JsonSpec, json_name: str) -> str | None:
 
 def _not_a(subject: str, name: str, field: JsonField) -> str:
     """The reason of a field of another type (JsonDecoder.java writes the same sentence)."""
-    return f"{subject} field '{name}' is not {field.sql_type.article} {field.type}"
+    return f"{subject} field '{name}' is not {field.article} {field.described}"
 
 
 def _quote(name: str) -> str:
@@ -196,7 +198,7 @@ class JsonFormat(Format[JsonSpec]):
         return {name: field.type for name, field in self.spec.fields.items()}
 
     def on_jvm(self) -> JsonFormat:
-        fields = self.spec.fields.items()
+        fields = self.spec.fields.items()  # a format pattern is one line: the plan's separators are tab and newline
         if not all(f.sql_type.name in _JVM_KINDS and not {"\t", "\n"} & set(name + f.read_from(name))
                    for name, f in fields):
             return self
@@ -221,9 +223,15 @@ class JsonFormat(Format[JsonSpec]):
         checks, judged, columns, problems = {}, {}, {}, []
         for i, (name, field) in enumerate(fields):
             element = F.col(helper(f"element{i}"))
-            checks[helper(f"fits{i}")] = fits(element, field.sql_type)
-            checks[helper(f"value{i}")] = element if field.sql_type.name == "variant" \
-                else F.try_variant_get(element, "$", field.type)
+            if field.converts:  # an epoch number or a time string in a pattern: read as text, then converted
+                value = converted(field, F.try_variant_get(element, "$", "string"))
+                kinds = ("STRING", "BIGINT") if field.unit is not None else ("STRING",)
+                checks[helper(f"fits{i}")] = F.schema_of_variant(element).isin(*kinds) & value.isNotNull()
+                checks[helper(f"value{i}")] = value
+            else:
+                checks[helper(f"fits{i}")] = fits(element, field.sql_type)
+                checks[helper(f"value{i}")] = element if field.sql_type.name == "variant" \
+                    else F.try_variant_get(element, "$", field.type)
             absent, null, good = element.isNull(), F.is_variant_null(element), F.col(helper(f"fits{i}"))
             judged[helper(f"strict{i}")] = F.when(~absent & ~null & good, F.col(helper(f"value{i}"))).cast(field.type)
             problem = F.when(~absent & ~null & ~good, _not_a(subject, name, field))
@@ -249,7 +257,7 @@ class JsonFormat(Format[JsonSpec]):
         reads: dict[str, str] = {}
         for name, field in self.spec.fields.items():
             kind = field.sql_type.name
-            read = "text" if kind in _TEXT else "native" if kind in _NATIVE else "variant"
+            read = "text" if kind in _TEXT or field.converts else "native" if kind in _NATIVE else "variant"
             json_name = field.read_from(name)
             if reads.get(json_name, read) != read or (json_name in reads and read == "native"
                                                        and _native_type(self.spec, json_name) is None):
@@ -288,8 +296,11 @@ class JsonFormat(Format[JsonSpec]):
             read = reads[field.read_from(name)]
             if read == "native":
                 value, good = raw, None
+            elif read == "text" and field.unit is not None:  # a JSON integer's text or a string's: the same digits
+                value = converted(field, raw)
+                good = raw.isNull() | value.isNotNull()
             elif read == "text":
-                value = raw if kind.name == "string" else raw.try_cast(kind.name)
+                value = raw if kind.name == "string" else converted(field, raw)
                 good = raw.isNull() | ~_maybe_not_a_string(raw)
                 if kind.name != "string":
                     good = good & (raw.isNull() | value.isNotNull())
@@ -313,8 +324,8 @@ class JsonFormat(Format[JsonSpec]):
         from pyspark.sql import functions as F
 
         fields = list(self.spec.fields.items())
-        kinds = [_JVM_KINDS[field.sql_type.name] for _, field in fields]
-        plan = "\n".join([subject, *(f"{name}\t{field.read_from(name)}\t{kind}\t{field.type}\t"
+        kinds = [_JVM_EPOCH if field.unit is not None else _JVM_KINDS[field.sql_type.name] for _, field in fields]
+        plan = "\n".join([subject, *(f"{name}\t{field.read_from(name)}\t{kind}\t{field.described}\t"
                                       f"{int(name in self.spec.required)}"
                                       for (name, field), kind in zip(fields, kinds, strict=True))])
         returns = ", ".join([*(f"c{i} {'string' if kind in _JVM_TEXT else field.type}"
@@ -323,7 +334,7 @@ class JsonFormat(Format[JsonSpec]):
         function = "microbatch_json_" + hashlib.sha256(f"{plan}|{returns}".encode()).hexdigest()[:16]
         decoded = f"__mb_{subject}_jvm"
         out = F.col(decoded)
-        casts = {f"__mb_{subject}_cast{i}": out.getField(f"c{i}").try_cast(field.type)
+        casts = {f"__mb_{subject}_cast{i}": converted(field, out.getField(f"c{i}"))
                  for i, ((_, field), kind) in enumerate(zip(fields, kinds, strict=True)) if kind in _JVM_TEXT}
         columns, problems = {}, []
         for i, ((name, field), kind) in enumerate(zip(fields, kinds, strict=True)):
@@ -344,7 +355,9 @@ class JsonFormat(Format[JsonSpec]):
                        functions={function: JavaFunction(JSON_DECODER, f"struct<{returns}>")})
 
     def pins(self, metrics: Mapping[str, Any] | None = None) -> dict[str, Any]:
-        declared = {"fields": [[name, field.type, field.read_from(name)] for name, field in self.spec.fields.items()],
+        declared = {"fields": [[name, field.type, field.read_from(name),
+                                *([field.unit or field.format] if field.converts else [])]
+                               for name, field in self.spec.fields.items()],
                     "required": sorted(self.spec.required)}
         digest = hashlib.sha256(json.dumps(declared, sort_keys=True).encode()).hexdigest()
         return {"format": self.name, "fields_sha256": digest}

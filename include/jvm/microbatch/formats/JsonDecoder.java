@@ -22,7 +22,7 @@ import org.apache.spark.unsafe.types.UTF8String;
  *
  * <p>Called as a Spark SQL function of (value binary, plan binary). The plan is the declared fields, one per line
  * after the subject ("value" or "key"): {@code column \t json name \t kind \t type name \t required (0/1)}, kinds
- * as {@link #kind}. The result is a row of the n columns (text for the kinds Spark's cast reads: TEXT, NUMBER_TEXT),
+ * as {@link #kind}. The result is a row of the n columns (text for the kinds Spark's cast reads: TEXT, NUMBER_TEXT, EPOCH_TEXT),
  * then the n fields' problems (null: none), then the problem of the whole record (null: none).
  */
 public final class JsonDecoder implements UDF2<byte[], byte[], Row> {
@@ -42,6 +42,8 @@ public final class JsonDecoder implements UDF2<byte[], byte[], Row> {
     static final int DOUBLE = 7;
     /** Any JSON number, as its text, which Spark's cast reads (decimal). */
     static final int NUMBER_TEXT = 8;
+    /** A JSON integer or string, as its text: an epoch number, whose digits Spark reads (a timestamp's `unit`). */
+    static final int EPOCH_TEXT = 9;
 
     private static final class Plan {
         final String subject;
@@ -207,6 +209,8 @@ public final class JsonDecoder implements UDF2<byte[], byte[], Row> {
                 return token.isNumeric() ? (Object) parser.getDoubleValue() : null;
             case NUMBER_TEXT:
                 return token.isNumeric() ? parser.getText() : null;
+            case EPOCH_TEXT:
+                return token == JsonToken.VALUE_STRING || token == JsonToken.VALUE_NUMBER_INT ? parser.getText() : null;
             default:
                 if (token != JsonToken.VALUE_NUMBER_INT || parser.getNumberType() == JsonParser.NumberType.BIG_INTEGER) {
                     return null;
