@@ -1086,6 +1086,24 @@ class EventTimeSpec(_Strict):
         return _duration_seconds(self.allowed_lateness)
 
 
+EVENT_TIME_TYPES = ("timestamp", "timestamp_ntz")
+"""What an event time column may be: a time, never a number read as seconds (epoch milliseconds would put the
+watermark tens of thousands of years ahead)."""
+
+
+def event_time_type_problem(column: str, kind: str) -> str:
+    """The one sentence of an event time column that is not a timestamp, with the fix."""
+    if kind in ("bigint", "int", "smallint", "tinyint") or kind.startswith("decimal") or kind == "double":
+        fix = (f"if it holds epoch milliseconds, declare the field `{column}: {{type: timestamp, unit: ms}}` "
+               "(unit: s or us for seconds or microseconds)")
+    elif kind == "string":
+        fix = (f"declare the field `{column}: timestamp` (ISO-8601), or `{column}: {{type: timestamp, format: "
+               "\"dd/MM/yyyy HH:mm:ss\"}` for another pattern")
+    else:
+        fix = "name a timestamp column"
+    return f"event_time.column: '{column}' is {kind}, not a timestamp; {fix}"
+
+
 EVENT_TIME_OPTIONS = ("window_seconds", "allowed_lateness_seconds")
 """The job options the platform fills in from `event_time` (`PipelineSpec.job_options`)."""
 
@@ -1157,6 +1175,8 @@ class PipelineSpec(_Strict):
         if self.event_time is not None and self.event_time.column not in available:
             raise ValueError(f"event_time.column: '{self.event_time.column}' is not a column of records; name a "
                              f"timestamp column among {', '.join(available)}")
+        if self.event_time is not None and available[self.event_time.column] not in EVENT_TIME_TYPES:
+            raise ValueError(event_time_type_problem(self.event_time.column, available[self.event_time.column]))
         from microbatch.sql import sink_query  # sqlglot, only for a spec with queries (not at every spec load)
 
         for sink in self.sinks:

@@ -50,3 +50,18 @@ def watermark_metrics() -> dict[str, Column]:
     on-time records (its `next_state` is then `watermark_after(state, metrics["max_event_time"], options)`)."""
     good = F.col("error").isNull() & ~F.col("late")
     return {"max_event_time": F.max(F.when(good, F.unix_micros("event_time")))}
+
+
+def check_event_time_column(parsed: DataFrame, pipeline: str) -> None:
+    """Refuse (one `SpecError` sentence, before the stage writes anything) a job whose `event_time` column is not a
+    timestamp: a number there would be read as seconds, and epoch milliseconds put the watermark in year 57876."""
+    from microbatch.errors import SpecError
+    from microbatch.transform import EVENT_TIME_COLUMN
+
+    field = next((f for f in parsed.schema.fields if f.name == EVENT_TIME_COLUMN), None)
+    kind = None if field is None else field.dataType.simpleString()
+    if kind is not None and kind not in ("timestamp", "timestamp_ntz", "void"):
+        raise SpecError(
+            f"{pipeline}: the job's {EVENT_TIME_COLUMN} column is {kind}, not a timestamp; nothing was written.",
+            fix="Return a timestamp: for epoch milliseconds F.timestamp_millis(col), for seconds "
+                "F.timestamp_seconds(col), for a string F.to_timestamp(col, pattern).")

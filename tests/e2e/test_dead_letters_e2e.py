@@ -43,7 +43,7 @@ BIG = 2**31 + 7
 
 @dataclass(frozen=True)
 class Payment:
-    value: bytes
+    value: bytes | None
     ip: str | None  # the record key (produce_lines keys by it), and the merchant
     amount: int = 0
     event_time: datetime | None = None
@@ -52,17 +52,23 @@ class Payment:
     timestamp: datetime | None = None
 
     @property
-    def malformed(self) -> bool:  # after the fix: only what is not JSON
+    def malformed(self) -> bool:  # after the fix: only what is not JSON (and the tombstones: no data, no event time)
         return not self.json_ok
+
+    @property
+    def tombstone(self) -> bool:
+        return self.value is None
 
 
 def payment(i: int, merchant: str, amount: int, when: datetime) -> Payment:
-    body = {"payment_id": f"p{i}", "merchant": merchant, "amount_cents": amount, "ts": when.isoformat()}
+    body = {"payment_id": f"p{i}", "merchant": merchant, "amount_cents": amount,
+            "ts": int(when.timestamp() * 1000)}  # epoch milliseconds (issue 59)
     return Payment(json.dumps(body).encode(), merchant, amount, when)
 
 
 def generate() -> list[Payment]:
-    """300 payments over 300 s (every 20th one too big for an int), 6 records that are not JSON, then one big
+    """300 payments over 300 s (every 20th one too big for an int, `ts` in epoch milliseconds), 6 records that are
+    not JSON, 8 tombstones (keyed by merchant, null value: skipped, never dead letters), then one big
     payment of the first seconds: its window is final by the time the second batch begins."""
     rng = random.Random(45)
     out = []
@@ -71,6 +77,8 @@ def generate() -> list[Payment]:
         out.append(payment(i, f"m{rng.randrange(3)}", amount, T0 + timedelta(seconds=i)))
         if i % 50 == 0:
             out.append(Payment(b"{not json", f"m{rng.randrange(3)}", json_ok=False))
+        if i % 40 == 3:  # a tombstone: never a dead letter, no row, no event time (docs/formats.md#tombstones)
+            out.append(Payment(None, f"m{rng.randrange(3)}", json_ok=False))
     out.append(payment(999, "m0", BIG, T0 + timedelta(seconds=1)))
     return out
 
@@ -97,7 +105,7 @@ def write_spec(directory: Path, topic: str, amount_type: str, delta_upsert: bool
         "source": {"topics": [topic], "max_records_per_batch": 160, "commit_group_offsets": False,
                    "value": {"format": "json", "required": ["payment_id", "amount_cents", "ts"],
                              "fields": {"payment_id": "string", "merchant": "string", "amount_cents": amount_type,
-                                        "ts": "timestamp"}}},
+                                        "ts": {"type": "timestamp", "unit": "ms"}}}},
         "event_time": {"column": "ts", "window": "1m", "allowed_lateness": "5s"},
         "sinks": sinks,
         "retries": {"count": 1, "delay_seconds": 1, "backoff": 1},
@@ -130,7 +138,7 @@ def test_dead_letters_find_inspect_fix_reprocess_verify(service_env, topic, kafk
     assert listed.returncode == 0, listed.stderr
     letters = {(d["partition"], d["offset"]): d for d in json.loads(listed.stdout)}
     too_big = {co for co, p in zip(coords, payments, strict=True) if p.json_ok and p.amount >= 2**31}
-    not_json = {co for co, p in zip(coords, payments, strict=True) if not p.json_ok}
+    not_json = {co for co, p in zip(coords, payments, strict=True) if not p.json_ok and not p.tombstone}
     assert set(letters) == too_big | not_json
     by_coord = dict(zip(coords, payments, strict=True))
     for co, letter in letters.items():

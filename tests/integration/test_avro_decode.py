@@ -179,3 +179,35 @@ def test_the_type_table_is_the_one_from_avro_reads(registry, connect):
     assert row["tags"] == ["x", "y"] and row["attrs"] == {"a": 1} and row["address"]["city"] == "Lyon"
     assert row["at_micros"] == int(expected["at_micros"].timestamp()) * 1_000_000 + expected["at_micros"].microsecond
     assert row["local"] == expected["local"]
+
+
+EPOCHS = {"type": "record", "name": "Event", "namespace": "t", "fields": [
+    {"name": "id", "type": "string"}, {"name": "ts_ms", "type": "long"}, {"name": "when", "type": ["null", "string"]}]}
+
+
+def test_an_avro_long_of_epoch_milliseconds_and_a_string_in_a_pattern_read_as_timestamps(registry, connect):
+    """`{type: timestamp, unit: ms}` over a plain Avro long and `{format: ...}` over a string (issue 59): the
+    columns fastavro's decode gives, converted here in Python; a number beyond year 9999 or a string not in the
+    pattern is a dead letter's reason naming the field; the reader check refuses a unit over a double."""
+    topic = "epochs"
+    records = [{"id": "a", "ts_ms": 1732870000123, "when": "29/11/2026 08:00:01"},
+               {"id": "b", "ts_ms": -1000, "when": None},
+               {"id": "c", "ts_ms": 253_402_300_800_000, "when": "2026-11-29"}]
+    data = [serialize(registry, topic, EPOCHS, r) for r in records]
+    spec = {"format": "avro", "subject": f"{topic}-value",
+            "fields": {"id": "string", "ts": {"type": "timestamp", "unit": "ms", "from": "ts_ms"},
+                       "at": {"type": "timestamp", "format": "dd/MM/yyyy HH:mm:ss", "from": "when"}}}
+    connect.conf.set("spark.sql.session.timeZone", "UTC")
+    rows = decode(connect, data, bound(spec, registry, f"{topic}-value"))
+    ids = {Registry(registry).version(f"{topic}-value", 1).schema_id: EPOCHS}
+    first, second = (oracle(v, ids, EPOCHS) for v in data[:2])
+    assert (rows[0]["id"], rows[0]["ts"], rows[0]["reason"]) == ("a", first["ts_ms"] * 1000, None)
+    at = datetime.strptime(first["when"], "%d/%m/%Y %H:%M:%S").replace(tzinfo=UTC).timestamp()
+    assert rows[0]["at"] == datetime.fromtimestamp(at)  # PySpark gives a timestamp as the process's local time
+    assert (rows[1]["ts"], rows[1]["at"], rows[1]["reason"]) == (second["ts_ms"] * 1000, None, None)
+    assert rows[2]["reason"] == ("value field 'ts' is not a timestamp in epoch milliseconds; value field 'at' is not a "
+                                 "timestamp in the format 'dd/MM/yyyy HH:mm:ss'")
+    wrong = {**spec, "fields": {"ts": {"type": "timestamp", "format": "dd/MM/yyyy", "from": "ts_ms"}}}
+    problem = format_for(TypeAdapter(FormatSpecs).validate_python(wrong)).reader_problem(
+        json.dumps(EPOCHS), "value", f"{topic}-value", 1)
+    assert problem is not None and problem.startswith("value.fields.ts:") and "format pattern" in problem, problem

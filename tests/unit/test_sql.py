@@ -150,3 +150,45 @@ def test_a_struct_columns_field_is_a_column_of_records():
     assert query.select[0] == ("customer.name", "payment_id")
     with pytest.raises(ValueError, match="names the column 'name', which records lacks"):
         sink_query("log", "SELECT nobody.name AS payment_id, amount_cents FROM records", "rows", COLUMNS, LOG, None)
+
+
+def _ts_as(declared: object):
+    def change(spec: dict) -> None:
+        spec["source"]["value"]["fields"]["ts"] = declared
+    return change
+
+
+@pytest.mark.parametrize(("declared", "words"), [
+    ("bigint", "event_time.column: 'ts' is bigint, not a timestamp; if it holds epoch milliseconds, declare the "
+               "field `ts: {type: timestamp, unit: ms}`"),
+    ("string", "event_time.column: 'ts' is string, not a timestamp; declare the field `ts: timestamp` (ISO-8601)"),
+    ("double", "is double, not a timestamp"),
+])
+def test_an_event_time_that_is_not_a_time_is_refused_when_the_spec_loads(tmp_path, declared, words):
+    spec = copy.deepcopy(SPEC)
+    _ts_as(declared)(spec)
+    with pytest.raises(SpecError) as refused:
+        load(tmp_path, spec)
+    assert words in str(refused.value), str(refused.value)
+
+
+@pytest.mark.parametrize("declared", [{"type": "timestamp", "unit": "ms"}, {"type": "timestamp_ntz", "unit": "s"},
+                                      {"type": "timestamp", "format": "dd/MM/yyyy HH:mm:ss"}, "timestamp_ntz"])
+def test_an_event_time_read_from_an_epoch_number_or_a_pattern_loads(tmp_path, declared):
+    spec = copy.deepcopy(SPEC)
+    _ts_as(declared)(spec)
+    assert load(tmp_path, spec).records_columns["ts"] in ("timestamp", "timestamp_ntz")
+
+
+@pytest.mark.parametrize(("declared", "words"), [
+    ({"type": "bigint", "unit": "ms"}, "unit reads an epoch number into a timestamp; the field is bigint"),
+    ({"type": "timestamp", "unit": "ms", "format": "yyyy"}, "either a unit (an epoch number) or a format"),
+    ({"type": "string", "format": "yyyy"}, "format reads a time string into a timestamp or date"),
+    ({"type": "timestamp", "unit": "minutes"}, "unit"),
+])
+def test_a_unit_or_format_where_it_cannot_read_is_refused(tmp_path, declared, words):
+    spec = copy.deepcopy(SPEC)
+    _ts_as(declared)(spec)
+    with pytest.raises(SpecError) as refused:
+        load(tmp_path, spec)
+    assert words in str(refused.value), str(refused.value)

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 from pydantic import Field, field_validator
 
 from microbatch.formats.base import Decoded, Format, RegistrySchemas
-from microbatch.formats.fields import DeclaredField, DeclaringSpec
+from microbatch.formats.fields import DeclaredField, DeclaringSpec, converted
 from microbatch.formats.sql_types import parse_type
 
 if TYPE_CHECKING:
@@ -135,7 +135,7 @@ class AvroFormat(Format[AvroSpec]):
             decoded = F.when(writer_id == writer, branch) if writer == min(schemas.writers) \
                 else decoded.when(writer_id == writer, branch)
         row = F.col(helper)
-        columns = {name: F.when(row.getField(DECODED_MARK), row.getField(field.read_from(name))).cast(field.type)
+        columns = {name: F.when(row.getField(DECODED_MARK), self._column(row.getField(field.read_from(name)), field))
                    for name, field in self.spec.fields.items()}
         source = f"{subject} (subject '{schemas.subject}')"
         reason = (F.when(data.isNull(), F.lit(None))
@@ -151,8 +151,18 @@ class AvroFormat(Format[AvroSpec]):
                         F.concat(F.lit(f"{source}'s Avro payload does not decode with its writer schema (id "),
                                  writer_id.cast("string"),
                                  F.lit(f") into the reader schema (version {schemas.version})"))))
+        unread = [F.when(row.getField(field.read_from(name)).isNotNull() & columns[name].isNull(),
+                         F.lit(f"{subject} field '{name}' is not {field.article} {field.described}"))
+                  for name, field in self.spec.fields.items() if field.converts]
+        if unread:  # an epoch number beyond year 9999, a string not in the declared pattern
+            reason = reason.otherwise(F.when(F.coalesce(*unread).isNotNull(), F.concat_ws("; ", *unread)))
         return Decoded(columns=columns, reason=reason.cast("string"),
                        helpers=({f"{helper}_id": schema_id(data)}, {helper: decoded}))
+
+    @staticmethod
+    def _column(value: Column, field: AvroField) -> Column:
+        """A decoded field as its declared column: cast, or (an epoch unit or a pattern) converted from its text."""
+        return converted(field, value.cast("string")) if field.converts else value.cast(field.type)
 
     def metrics(self, data: Column, side: str) -> dict[str, Column]:
         """One counter per bound writer schema: the records of this side that carry its id."""
@@ -166,7 +176,8 @@ class AvroFormat(Format[AvroSpec]):
         """The subject, the reader version and id, and the writer schema ids the read met (by `metrics`, the
         values of `metrics()`); a spec's hash of the declared fields."""
         schemas = self._schemas()
-        declared = [[name, field.type, field.read_from(name)] for name, field in self.spec.fields.items()]
+        declared = [[name, field.type, field.read_from(name), *([field.unit or field.format] if field.converts else [])]
+                    for name, field in self.spec.fields.items()]
         met = sorted(int(name.rsplit("_", 1)[1]) for name, count in (metrics or {}).items()
                      if "_schema_" in name and count)
         return {"format": self.name, **schemas.pins(), "writers": met,
@@ -299,7 +310,13 @@ def field_problem(spec: AvroSpec, reader: str, side: str, subject: str, version:
         actual = available[avro_name]
         if actual.startswith("!"):
             return f"{side}.fields.{name}: the field '{avro_name}' of {where} cannot be a column: {actual[1:]}"
-        if str(parse_type(actual)) != declared.type:
+        if declared.converts:  # read from the payload's number or string, converted (formats/fields.converted)
+            carriers = ("int", "bigint", "string") if declared.unit is not None else ("string",)
+            if str(parse_type(actual)) not in carriers:
+                return (f"{side}.fields.{name}: the field '{avro_name}' of {where} reads as {actual}, which "
+                        f"{'an epoch unit' if declared.unit else 'a format pattern'} does not read; declare "
+                        f"`{name}: {actual}`")
+        elif str(parse_type(actual)) != declared.type:
             return (f"{side}.fields.{name}: the field '{avro_name}' of {where} reads as {actual}, not "
                     f"{declared.type}; declare `{name}: {actual}`")
     return None

@@ -27,6 +27,7 @@ from sqlalchemy.exc import OperationalError
 from microbatch import failpoints
 from microbatch.config import PipelineSpec
 from microbatch.errors import DataLossError, MicrobatchError, SpecError, StageFailedError
+from microbatch.event_time import check_event_time_column
 from microbatch.formats.base import Format
 from microbatch.kafka.offsets import offset_bounds, offsets_client
 from microbatch.kafka.security import spark_client_options
@@ -368,6 +369,7 @@ def _stage_attempt(
     read = _ReadPass.of(spec, source, current)
     keep_observed_metrics(spark)
     parsed = job.parse(read.for_job, spec.job_options, current.state_before)
+    check_event_time_column(parsed, spec.name)
     jdbc = jdbc_options(ledger)
     BEFORE_READ.hit()  # the Spark job below reads Kafka
     values, rows_by_sink, read_seconds = _stage_outputs(spec, job, parsed, current, jdbc, ledger, read)
@@ -398,7 +400,8 @@ def _stage_attempt(
         decode={} if read.observation is None else {
             "formats": {side: fmt.pins(values) for side, fmt in zip(
                 ("key", "value"), current.formats or (spec.source.key_format, spec.source.value_format), strict=True)},
-            "undecodable": undecodable, "tombstones": int(values.get("tombstones") or 0)},
+            "undecodable": undecodable, "tombstones": int(values.get("tombstones") or 0),
+            "tombstones_deleted": spec.record_keyed_sinks},
     )
 
 
@@ -429,13 +432,15 @@ class _ReadPass:
             return cls(decoded, records, None, None)
         observation = Observation(f"read_{current.batch_id}_{current.attempt}")
         metrics = record_metrics(current.partition_keys, count_partitions=current.count_partitions, decodes=decodes,
-                                 tombstones_apart=apart)
+                                 tombstones_apart=True)
         metrics.update({**key.metrics(F.col("key"), "key"), **value.metrics(F.col("value"), "value")})
         records = records.observe(observation, *[expr.alias(name) for name, expr in metrics.items()])
         if apart:  # the job's rows and the tombstones are two branches of one read
             records = records.persist(StorageLevel.MEMORY_AND_DISK)
         readable = F.col(DECODE_ERROR).isNull() if decodes else F.lit(True)
-        for_job = records.where(readable & ~is_tombstone() if apart else readable)
+        # The tombstone rule (docs/formats.md#tombstones): a tombstone never reaches the job (it has no event time
+        # and is never a dead letter); record-keyed sinks take it as the delete of its key, every other sink skips it.
+        for_job = records.where(readable & ~is_tombstone())
         tombstones = records.where(readable & is_tombstone()) if apart else None
         return cls(decoded, for_job.drop(DECODE_ERROR) if decodes else for_job, tombstones, observation,
                    records if apart else None)
