@@ -15,7 +15,9 @@ object has non-null; else `text` when all are UTF-8; else `raw`; no format for a
 and flattened into one column per leaf (`customer['address']['city'] AS customer_address_city`); an array, an object
 whose names are no identifiers (a map) and a field whose kinds do not mix (a variant) are stored as their JSON text.
 A name that is no lower-case SQL identifier, or that a record column or the job contract takes, becomes a snake_case
-column read with `from` (`userId` -> `user_id`, `timestamp` -> `payload_timestamp`).
+column read with `from` (`userId` -> `user_id`, `timestamp` -> `payload_timestamp`). A top-level field whose
+sampled values are all integers (or strings of digits) near now in one unit of epoch time is declared a timestamp
+read from it (`{type: timestamp, unit: ms}`, `s` or `us`; see `epoch_unit`), and the summary says so.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import json
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, get_args
 
@@ -292,6 +294,12 @@ _BIGINT = (-(2**63), 2**63 - 1)
 _POSTGRES = {**POSTGRES_FOR_SPARK, "decimal(38,0)": "numeric"}
 _TEMPORAL = ("date", "timestamp_ntz", "timestamp")
 _NUMERIC = ("bigint", "decimal(38,0)", "double")
+EPOCH_SINCE = datetime(2000, 1, 1, tzinfo=UTC)
+EPOCH_AHEAD = timedelta(days=366)
+"""The times an epoch number is taken for: from EPOCH_SINCE to a year after now (in any of the units)."""
+_EPOCH_SCALES = {"s": 1, "ms": 1_000, "us": 1_000_000}
+_EPOCH_NAMES = {"s": "seconds", "ms": "milliseconds", "us": "microseconds"}
+_DIGITS = re.compile(r"[1-9][0-9]{0,18}")
 
 
 @dataclass(frozen=True)
@@ -414,6 +422,46 @@ def _values(kind: JsonType) -> JsonType:
 
 
 @dataclass(frozen=True)
+class Epoch:
+    """A field read as epoch times: its `unit` (s, ms or us) and what the sample held, for the summary."""
+
+    unit: str
+    seen: str
+
+    @property
+    def described(self) -> str:
+        """`epoch milliseconds (13-digit integers near now)`."""
+        return f"epoch {_EPOCH_NAMES[self.unit]} ({self.seen} near now)"
+
+
+def epoch_unit(values: Iterable[object], now: datetime) -> Epoch | None:
+    """The unit of epoch time every one of `values` (a field's non-null sampled values) is, read in it, a time from
+    EPOCH_SINCE to a year after `now`: s (10 digits today), ms (13) or us (16); None when there is no value, or one
+    is no integer or string of digits (without a leading zero), or they fall near now in no one unit."""
+    numbers: list[int] = []
+    kinds: set[str] = set()
+    for value in values:
+        if isinstance(value, int) and not isinstance(value, bool):
+            numbers.append(value)
+            kinds.add("integers")
+        elif isinstance(value, str) and _DIGITS.fullmatch(value):
+            numbers.append(int(value))
+            kinds.add("strings of digits")
+        else:
+            return None
+    if not numbers:
+        return None
+    moment = now if now.tzinfo is not None else now.replace(tzinfo=UTC)
+    since, until = int(EPOCH_SINCE.timestamp()), int((moment + EPOCH_AHEAD).timestamp())
+    for unit, scale in _EPOCH_SCALES.items():
+        if all(since * scale <= n <= until * scale for n in numbers):
+            digits = sorted({len(str(n)) for n in numbers})
+            width = "- or ".join(str(d) for d in digits)  # 13, or 9- or 10 (seconds before 2001-09-09)
+            return Epoch(unit, f"{width}-digit {' and '.join(sorted(kinds))}")
+    return None
+
+
+@dataclass(frozen=True)
 class SinkColumn:
     """One column of the inferred sink: its name and PostgreSQL type, the Spark SQL expression over `records` that
     gives it, and where it comes from (for the summary)."""
@@ -433,6 +481,8 @@ class Side:
     spec: dict[str, Any] | None
     columns: tuple[SinkColumn, ...]
     summary: str
+    notes: tuple[str, ...] = ()
+    """One line per field the summary says more of (an epoch time declared a timestamp)."""
 
 
 @dataclass(frozen=True)
@@ -453,7 +503,7 @@ class Inference:
                  f"value: {self.value.summary}", f"key: {self.key.summary}"]
         width = max((len(c.origin) for c in (*self.key.columns, *self.value.columns)), default=0)
         lines += [f"  {c.origin:<{width}}  ->  {c.name} {c.type}" for c in (*self.key.columns, *self.value.columns)]
-        return lines
+        return [*lines, *self.key.notes, *self.value.notes]
 
 
 def snake_case(name: str) -> str:
@@ -520,13 +570,14 @@ def _parse_object(data: bytes) -> dict[str, Any] | None:
 
 
 def infer_side(side: str, datas: list[bytes | None], records: set[str], sink: set[str],
-               avro_schema: Callable[[], str | None] | None = None) -> Side:
+               avro_schema: Callable[[], str | None] | None = None, now: datetime | None = None) -> Side:
     """The format of a record's `side` ("key" or "value") from its sampled bytes: the Confluent wire format (every
     non-null one starts with the magic byte 0 and a schema id) -> avro, its fields those of the subject's latest
     schema (`avro_schema`, None when no registry is configured or it has no such subject); JSON objects (every
     non-null one) -> json, fields typed across the sample and `required` where every object has them non-null; else
     text where all are UTF-8; else raw. All null -> raw with no column. `records` and `sink`: the decoded columns
-    and the sink's columns named so far; the ones named here are added."""
+    and the sink's columns named so far; the ones named here are added. `now` (default: the current time): what
+    an epoch time must be near (`epoch_unit`)."""
     present = [d for d in datas if d is not None]
     if not present:
         return Side("raw", None, (), f"none (every sampled {side} is null)")
@@ -539,7 +590,8 @@ def infer_side(side: str, datas: list[bytes | None], records: set[str], sink: se
                     "schema registry answered for its subject; set MICROBATCH_SCHEMA_REGISTRY_URL to read it as avro")
     objects = [_parse_object(d) for d in present]
     if all(o is not None for o in objects):
-        return _json_side(side, [o for o in objects if o is not None], len(datas), records, sink)
+        return _json_side(side, [o for o in objects if o is not None], len(datas), records, sink,
+                          now or datetime.now(UTC))
     try:
         for data in present:
             data.decode("utf-8")
@@ -584,16 +636,20 @@ def _avro_side(side: str, schema: str, records: set[str], sink: set[str]) -> Sid
     return Side("avro", {"format": "avro", "fields": fields}, tuple(columns), summary)
 
 
-def _json_side(side: str, objects: list[dict[str, Any]], sampled: int, records: set[str], sink: set[str]) -> Side:
+def _json_side(side: str, objects: list[dict[str, Any]], sampled: int, records: set[str], sink: set[str],
+               now: datetime) -> Side:
     kinds: dict[str, JsonType] = {}
-    filled: dict[str, int] = {}
+    filled: dict[str, list[object]] = {}
     for obj in objects:
         for name, value in obj.items():
             kinds[name] = merge(kinds.get(name, NULL), observe(value))
-            filled[name] = filled.get(name, 0) + (value is not None)
+            filled.setdefault(name, [])
+            if value is not None:
+                filled[name].append(value)
     fields: dict[str, Any] = {}
     required: list[str] = []
     columns: list[SinkColumn] = []
+    notes: list[str] = []
     for json_name, kind in kinds.items():
         field = snake_case(json_name)
         if field in INFER_RESERVED:
@@ -605,32 +661,44 @@ def _json_side(side: str, objects: list[dict[str, Any]], sampled: int, records: 
         field += suffix
         column = f"{prefix}{field}"
         records.add(column)
-        fields[field] = kind.spark if field == json_name else {"type": kind.spark, "from": json_name}
-        if filled[json_name] == len(objects):
+        if len(filled[json_name]) == len(objects):
             required.append(field)
-        columns += _flatten(column, quote_sql(column), kind, f"{side}.{json_name}", sink)
+        epoch = epoch_unit(filled[json_name], now)
+        if epoch is None:
+            fields[field] = kind.spark if field == json_name else {"type": kind.spark, "from": json_name}
+            columns += _flatten(column, quote_sql(column), kind, f"{side}.{json_name}", sink)
+            continue
+        declared = {"type": "timestamp", "unit": epoch.unit, **({} if field == json_name else {"from": json_name})}
+        fields[field] = declared
+        columns.append(SinkColumn(_unique(column[:63], sink), _POSTGRES["timestamp"], quote_sql(column),
+                                  f"{side}.{json_name} (epoch {epoch.unit})"))
+        flow = ", ".join(f"{k}: {v}" for k, v in declared.items())
+        notes.append(f"{side}.{json_name}: {epoch.described}, declared {{{flow}}}")
     spec: dict[str, Any] = {"format": "json", "fields": fields}
     if required:
         spec["required"] = required
     nulls = f" ({sampled - len(objects)} null)" if sampled > len(objects) else ""
     summary = (f"json: {len(objects)} object(s){nulls}, {len(fields)} field(s), required: "
                f"{', '.join(required) or 'none'}")
-    return Side("json", spec, tuple(columns), summary)
+    return Side("json", spec, tuple(columns), summary, tuple(notes))
 
 
 def infer_pipeline(name: str, topic: str, keys: list[bytes | None], values: list[bytes | None],
-                   avro_schema: Callable[[str], str | None] | None = None) -> Inference:
+                   avro_schema: Callable[[str], str | None] | None = None, now: datetime | None = None,
+                   ) -> Inference:
     """The YAML-only pipeline of the sampled records' keys and values: the source's formats and one
     `postgres_append` sink named `name` whose columns are the decoded ones (flattened, see `_flatten`) and whose
-    `sql` selects them from `records`. `avro_schema`: the latest schema of a registry subject, or None."""
+    `sql` selects them from `records`. `avro_schema`: the latest schema of a registry subject, or None. `now`
+    (default: the current time, taken once): what an epoch time must be near (`epoch_unit`)."""
+    now = now or datetime.now(UTC)
     records: set[str] = set()
     sink: set[str] = set(SOURCE_COORDINATES)
 
     def latest(side: str) -> Callable[[], str | None] | None:
         return None if avro_schema is None else lambda: avro_schema(f"{topic}-{side}")
 
-    key = infer_side("key", keys, records, sink, latest("key"))
-    value = infer_side("value", values, records, sink, latest("value"))
+    key = infer_side("key", keys, records, sink, latest("key"), now)
+    value = infer_side("value", values, records, sink, latest("value"), now)
     columns = [*key.columns, *value.columns]
     if not columns:
         raise SpecError(f"Every sampled record of {topic} has a null key and a null value, so there is nothing to "
@@ -663,11 +731,11 @@ SAMPLED_FILES = ("spec", "test", "dag")
 
 def new_pipeline_from_sample(name: str, topic: str, keys: list[bytes | None], values: list[bytes | None],
                              root: Path = ROOT, avro_schema: Callable[[str], str | None] | None = None,
-                             ) -> tuple[dict[str, Path], Inference]:
+                             now: datetime | None = None) -> tuple[dict[str, Path], Inference]:
     """Write the spec, its unit test and the DAG file of the pipeline inferred from the sampled keys and values;
     refuse a bad or existing name before writing any."""
     targets = check_new_name(name, root, SAMPLED_FILES)
-    inference = infer_pipeline(name, topic, keys, values, avro_schema)
+    inference = infer_pipeline(name, topic, keys, values, avro_schema, now)
     texts = {"spec": spec_yaml(inference, topic), "test": _sampled_test(inference), "dag": _dag(name)}
     for kind, path in targets.items():
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -2,20 +2,20 @@
 pipeline lands the records on the first `microbatch migrate` + `microbatch run NAME`: in a fresh copy of the
 repository (its tracked files), two topics, one `new` and one `run` each, on real Kafka, Postgres, Spark Connect
 and Airflow. `flat`: flat JSON objects without a key (a sometimes-null field, ints and floats in one field, zoned and
-naive times); `nested`: nested objects, an array of objects and a reserved name, keyed by a JSON key with a
-camelCase field. Each table equals the produced records read with Python's `json` (row by row, at its partition and
-offset); `verify` passes; the generated unit tests pass and the copy lints clean. An unknown and an empty topic are
-refused in one sentence, writing nothing. In the same copy (one copy, one `migrate`, one lint, one unit run: the
-suite's budget), `new --topic --format text` writes a Python pipeline that stores each line, and a second `new` of an
-existing name is refused without overwriting anything (`new --format json` with a Python transform is the
-tutorial's, tests/e2e/test_tutorial_e2e.py)."""
+naive times); `nested`: nested objects, an array of objects and a reserved name (epoch seconds, declared a timestamp
+with `unit: s`), keyed by a JSON key with a camelCase field. Each table equals the produced records read with
+Python's `json` (row by row, at its partition and offset); `verify` passes; the generated unit tests pass and the
+copy lints clean. An unknown and an empty topic are refused in one sentence, writing nothing. In the same copy (one
+copy, one `migrate`, one lint, one unit run: the suite's budget), `new --topic --format text` writes a Python
+pipeline that stores each line, and a second `new` of an existing name is refused without overwriting anything
+(`new --format json` with a Python transform is the tutorial's, tests/e2e/test_tutorial_e2e.py)."""
 
 from __future__ import annotations
 
 import json
 import re
 import uuid
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -96,6 +96,8 @@ def test_new_from_topic_infers_pipelines_that_land_the_records(service_env, kafk
     assert f"sampled 80 record(s) of {nested}_src" in made.stdout
     assert re.search(r"value\.customer\.address\.city \(string\) +->  customer_address_city text", made.stdout)
     assert re.search(r"key\.orderId \(bigint\) +->  key_order_id bigint", made.stdout)
+    assert ("value.timestamp: epoch seconds (10-digit integers near now), declared {type: timestamp, unit: s, "
+            "from: timestamp}") in made.stdout
     assert not (copy / "spark_jobs" / f"{flat}.py").exists() and not (copy / "spark_jobs" / f"{nested}.py").exists()
 
     # A Python pipeline of text lines, and a refused `new` of a name that exists, in the same copy.
@@ -135,7 +137,8 @@ def test_new_from_topic_infers_pipelines_that_land_the_records(service_env, kafk
                       f'SELECT partition, "offset", key_order_id, customer_name, customer_address_city, total, '
                       f'placed_at, payload_timestamp, items, order_id FROM {nested}'))}
         assert stored == {co: (o["orderId"], o["customer"]["name"], o["customer"].get("address", {}).get("city"),
-                               o["total"], _time(o["placedAt"]), o["timestamp"], o["items"], o["orderId"])
+                               o["total"], _time(o["placedAt"]), datetime.fromtimestamp(o["timestamp"], UTC),
+                               o["items"], o["orderId"])
                           for co, o in zip(nested_coords, orders, strict=True)}
         assert sorted(session.execute(text(f"SELECT line FROM {lines}")).scalars().all()) == sorted(good_lines)
         assert dict(session.execute(text("SELECT topic, count(*) FROM dead_letters GROUP BY topic")).all()) == \

@@ -8,6 +8,8 @@ import importlib.util
 import json
 import subprocess
 import sys
+import time
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -17,7 +19,7 @@ from microbatch import scaffold
 from microbatch.config import PipelineSpec, load_spec
 from microbatch.errors import SpecError
 from microbatch.kafka.sampling import SampledRecord, quotas
-from microbatch.scaffold import JsonType, infer_pipeline, infer_side, merge, observe
+from microbatch.scaffold import JsonType, epoch_unit, infer_pipeline, infer_side, merge, observe
 
 
 def _kind(*values: object) -> str:
@@ -185,6 +187,78 @@ def test_the_summary_says_how_many_records_the_formats_and_each_column() -> None
         "key_id bigint", "amount double precision", "at timestamptz"]
 
 
+NOW = datetime(2026, 5, 9, 12, 0, tzinfo=UTC)
+NOW_S = int(NOW.timestamp())  # 1778328000
+
+
+@pytest.mark.parametrize(("values", "unit", "seen"), [
+    ([NOW_S * 1000, NOW_S * 1000 - 86_400_000], "ms", "13-digit integers"),
+    ([NOW_S, 1_600_000_000], "s", "10-digit integers"),
+    ([NOW_S * 1_000_000 + 7], "us", "16-digit integers"),
+    ([str(NOW_S * 1000), NOW_S * 1000 + 1], "ms", "13-digit integers and strings of digits"),
+    (["1778328000123"], "ms", "13-digit strings of digits"),
+    ([946_684_800, NOW_S], "s", "9- or 10-digit integers"),  # 2000-01-01 itself
+    ([NOW_S + 365 * 86_400], "s", "10-digit integers"),  # within a year ahead
+    ([NOW_S, 5], None, ""),  # a small integer: not a time, the field stays bigint
+    ([946_684_799], None, ""),  # before 2000
+    ([NOW_S + 367 * 86_400], None, ""),  # more than a year ahead
+    ([NOW_S, NOW_S * 1000], None, ""),  # near now, but in two units
+    ([NOW_S + 0.5], None, ""),
+    ([True], None, ""),
+    (["01778328000"], None, ""),  # a leading zero: an identifier, not a number
+    ([" 1778328000"], None, ""),
+    ([], None, ""),
+])
+def test_an_epoch_time_near_now_has_its_unit(values: list[object], unit: str | None, seen: str) -> None:
+    epoch = epoch_unit(values, NOW)
+    assert (epoch.unit if epoch else None) == unit
+    if epoch is not None:
+        assert epoch.seen == seen
+        assert epoch_unit(values, NOW.replace(tzinfo=None)) == epoch  # a naive now is UTC
+
+
+def test_epoch_times_are_declared_timestamps_with_their_unit_and_the_summary_says_so() -> None:
+    values = _json({"id": 1, "ts": NOW_S * 1000, "sec": NOW_S, "us": NOW_S * 1_000_000, "text": str(NOW_S * 1000),
+                    "mixed": NOW_S, "timestamp": NOW_S, "maybe": None},
+                   {"id": 2, "ts": NOW_S * 1000 + 1, "sec": NOW_S + 1, "us": NOW_S * 1_000_000 + 1,
+                    "text": str(NOW_S * 1000 + 1), "mixed": 3, "timestamp": NOW_S + 1, "maybe": NOW_S})
+    inference = infer_pipeline("orders", "orders_src", _json({"at": NOW_S * 1000}, {"at": None}), values, now=NOW)
+    assert inference.spec["source"]["value"]["fields"] == {
+        "id": "bigint", "ts": {"type": "timestamp", "unit": "ms"}, "sec": {"type": "timestamp", "unit": "s"},
+        "us": {"type": "timestamp", "unit": "us"}, "text": {"type": "timestamp", "unit": "ms"}, "mixed": "bigint",
+        "payload_timestamp": {"type": "timestamp", "unit": "s", "from": "timestamp"},
+        "maybe": {"type": "timestamp", "unit": "s"}}
+    assert inference.spec["source"]["value"]["required"] == [
+        "id", "ts", "sec", "us", "text", "mixed", "payload_timestamp"]
+    assert inference.spec["source"]["key"]["fields"] == {"at": {"type": "timestamp", "unit": "ms"}}
+    assert inference.sink_columns == {
+        "key_at": "timestamptz", "id": "bigint", "ts": "timestamptz", "sec": "timestamptz", "us": "timestamptz",
+        "text": "timestamptz", "mixed": "bigint", "payload_timestamp": "timestamptz", "maybe": "timestamptz"}
+    lines = inference.summary("orders_src")
+    assert "  value.ts (epoch ms)" in "\n".join(lines) and "  value.mixed (bigint)" in "\n".join(lines)
+    assert lines[-7:] == [  # after the columns, one line per epoch field
+        "key.at: epoch milliseconds (13-digit integers near now), declared {type: timestamp, unit: ms}",
+        "value.ts: epoch milliseconds (13-digit integers near now), declared {type: timestamp, unit: ms}",
+        "value.sec: epoch seconds (10-digit integers near now), declared {type: timestamp, unit: s}",
+        "value.us: epoch microseconds (16-digit integers near now), declared {type: timestamp, unit: us}",
+        "value.text: epoch milliseconds (13-digit strings of digits near now), declared {type: timestamp, unit: ms}",
+        "value.timestamp: epoch seconds (10-digit integers near now), declared {type: timestamp, unit: s, "
+        "from: timestamp}",
+        "value.maybe: epoch seconds (10-digit integers near now), declared {type: timestamp, unit: s}",
+    ]
+    spec = _spec(inference)
+    assert spec.source.value.fields["ts"].unit == "ms" and spec.source.value.fields["text"].unit == "ms"
+    assert {n: spec.records_columns[n] for n in ("key_at", "ts", "sec", "us", "text", "mixed", "payload_timestamp")
+            } == {"key_at": "timestamp", "ts": "timestamp", "sec": "timestamp", "us": "timestamp",
+                  "text": "timestamp", "mixed": "bigint", "payload_timestamp": "timestamp"}
+
+
+def test_a_nested_epoch_time_stays_a_number() -> None:
+    side = infer_side("value", _json({"meta": {"ts": NOW_S * 1000}}), set(), set(), now=NOW)
+    assert side.spec == {"format": "json", "fields": {"meta": "struct<ts: bigint>"}, "required": ["meta"]}
+    assert side.notes == ()
+
+
 def _load(path: Path) -> object:
     spec = importlib.util.spec_from_file_location(f"generated_{path.stem}", path)
     assert spec is not None and spec.loader is not None
@@ -216,6 +290,21 @@ def test_the_written_files_load_lint_clean_and_the_generated_test_passes(tmp_pat
     assert {p: p.read_text() for p in tmp_path.rglob("*") if p.is_file()} == before
 
 
+def test_a_written_spec_with_epoch_times_loads_and_decodes_them_as_timestamps(tmp_path: Path) -> None:
+    values = _json({"id": "a", "ts": NOW_S * 1000, "sent": str(NOW_S)}, {"id": "b", "ts": NOW_S * 1000 + 5})
+    written, inference = scaffold.new_pipeline_from_sample("orders", "orders_src", [None, None], values,
+                                                           root=tmp_path, now=NOW)
+    text = written["spec"].read_text()
+    assert "      ts:\n        type: timestamp\n        unit: ms\n" in text and "      id: string\n" in text
+    spec = load_spec(written["spec"])
+    fields = spec.source.value.fields
+    assert [(f.type, f.unit) for f in fields.values()] == [("string", None), ("timestamp", "ms"), ("timestamp", "s")]
+    assert (spec.records_columns["ts"], spec.records_columns["sent"]) == ("timestamp", "timestamp")
+    assert dict(spec.sinks[0].columns) == {"id": "text", "ts": "timestamptz", "sent": "timestamptz"}
+    assert list(spec.sink_queries()["orders"].columns) == list(inference.sink_columns)
+    _load(written["test"]).test_the_spec_loads_and_the_query_gives_the_sink_columns()
+
+
 @pytest.mark.parametrize(("available", "limit", "expected"), [
     ({0: 500, 1: 500, 2: 500, 3: 500}, 100, {0: 25, 1: 25, 2: 25, 3: 25}),
     ({0: 3, 1: 0, 2: 500}, 100, {0: 3, 2: 97}),
@@ -245,12 +334,16 @@ def test_the_cli_wants_one_of_topic_and_from_topic_and_no_format_with_from_topic
 
     monkeypatch.setattr(scaffold, "ROOT", tmp_path)
     monkeypatch.setenv("MICROBATCH_KAFKA_BOOTSTRAP", "127.0.0.1:1")
-    records = [SampledRecord(0, i, None, json.dumps({"id": f"o{i}", "amount": i}).encode()) for i in range(3)]
+    ms = int(time.time() * 1000)  # the CLI takes the current time
+    records = [SampledRecord(0, i, None, json.dumps({"id": f"o{i}", "amount": i, "at": ms + i}).encode())
+               for i in range(3)]
     monkeypatch.setattr(sampling, "sample_topic", lambda kafka, topic: records)
     result = runner.invoke(cli.app, ["new", "orders", "--from-topic", "orders_src"])
     assert result.exit_code == 0, result.output
     assert "sampled 3 record(s) of orders_src" in result.output
     assert "value.amount (bigint)" in result.output and "wrote include/pipelines/orders.yaml" in result.output
+    assert ("value.at: epoch milliseconds (13-digit integers near now), declared {type: timestamp, unit: ms}\n"
+            in result.output)
     assert (tmp_path / "include" / "pipelines" / "orders.yaml").exists()
     assert not (tmp_path / "spark_jobs" / "orders.py").exists()
 
