@@ -54,7 +54,7 @@ class Clicks:
                                                       "2026-11-25T10:00:01Z"))
         )
         checked = typed.select(*source, "user", "page", "forget", "event_time", error.alias("error"))
-        return with_late(checked, window_seconds(options), state)
+        return with_late(checked, window_seconds(options), state, options)
 
     def state_metrics(self, options: Mapping[str, Any]) -> dict[str, Column]:
         return watermark_metrics()

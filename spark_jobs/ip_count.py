@@ -102,7 +102,7 @@ class IpCount:
         error = error.when(too_far_ahead, F.lit(
             f"the [time] field is more than {ahead} s ahead of the record's Kafka timestamp"))
         checked = typed.select("topic", "partition", "offset", "value", "ip", "event_time", error.alias("error"))
-        return with_late(checked, window_seconds(options), state)
+        return with_late(checked, window_seconds(options), state, options)
 
     def state_metrics(self, options: Mapping[str, Any]) -> dict[str, Column]:
         return watermark_metrics()

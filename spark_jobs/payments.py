@@ -45,7 +45,7 @@ class Payments:
         error = F.when(F.col("amount_cents") < 0, F.lit("amount_cents is negative"))
         checked = records.select("topic", "partition", "offset", "value", "key_text", *FIELDS,
                                  trace.alias("traceparent"), F.col("ts").alias("event_time"), error.alias("error"))
-        return with_late(checked, window_seconds(options), state)
+        return with_late(checked, window_seconds(options), state, options)
 
     def state_metrics(self, options: Mapping[str, Any]) -> dict[str, Column]:
         return watermark_metrics()

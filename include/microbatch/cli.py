@@ -465,18 +465,29 @@ def abandon(
 @app.command()
 def reset(
     pipeline: str,
-    to: Annotated[str, typer.Option("--to", help="earliest, latest, offset or timestamp.")],
+    to: Annotated[str | None, typer.Option("--to", help="earliest, latest, offset or timestamp.")] = None,
     value: Annotated[str | None, typer.Option(help="The offset, or the ISO-8601 time.")] = None,
     topic: Annotated[str | None, typer.Option(help="One topic; all of the pipeline's when omitted.")] = None,
     partition: Annotated[int | None, typer.Option(min=0, help="One partition; all when omitted.")] = None,
+    watermark: Annotated[str | None, typer.Option(
+        help="Instead of positions: 'clear', or an ISO-8601 time with a zone, as the pipeline's watermark.")] = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print what would change; write nothing.")] = False,
     yes: Annotated[bool, typer.Option("--yes", help="Do not ask for confirmation.")] = False,
 ) -> None:
-    """Move positions once, on the record: refused while a batch is open; skipped offsets become a gap."""
+    """Move positions, or set or clear the watermark, once, on the record: refused while a batch is open; skipped
+    offsets become a gap."""
     import getpass
 
     from microbatch.config import find_spec
     from microbatch.phases.reset import apply_reset, check_target, plan_reset
 
+    if (to is None) == (watermark is None):
+        raise SpecError("reset takes either --to (positions) or --watermark (the pipeline's state).",
+                        fix="Give one of them, e.g. --to latest, or --watermark clear.")
+    if watermark is not None:
+        _reset_watermark(pipeline, watermark, dry_run, yes)
+        return
+    assert to is not None
     check_target(to, value)  # a bad --to or --value is refused before anything is looked up
     spec = find_spec(pipeline)
     plan = plan_reset(spec, to, value, topic, partition, _kafka(), _ledger())
@@ -489,10 +500,61 @@ def reset(
     for m in plan.moves:
         table.add_row(str(m.tp), "-" if m.old is None else str(m.old), str(m.new), str(m.skipped))
     console.print(table)
+    if dry_run:
+        return
     if not yes and not typer.confirm("Apply this reset?"):
         raise typer.Exit(1)
     apply_reset(spec, plan, _ledger(), getpass.getuser())
     console.print(f"reset applied to {len(plan.moves)} partition(s); skipped offsets are recorded as gaps")
+
+
+def _reset_watermark(pipeline: str, target: str, dry_run: bool, yes: bool) -> None:
+    import getpass
+
+    from microbatch.config import find_spec
+    from microbatch.phases.reset import WATERMARK_KEYS, apply_watermark, plan_watermark, time_text
+
+    plan = plan_watermark(find_spec(pipeline), target, _ledger())
+    if plan.old == plan.new:
+        console.print(f"{pipeline}: nothing to change: the state already is what --watermark {target} makes")
+        return
+    for key in WATERMARK_KEYS:
+        before, after = plan.old.get(key), plan.new.get(key)
+        console.print(f"{pipeline}: {key.removesuffix('_us')}: {time_text(before) if before is not None else 'none'}"
+                      f" -> {time_text(after) if after is not None else 'none (the next batch starts it again)'}")
+    if dry_run:
+        return
+    if not yes and not typer.confirm("Apply this reset?"):
+        raise typer.Exit(1)
+    apply_watermark(plan, _ledger(), getpass.getuser())
+    console.print(f"{pipeline}: the watermark reset is applied and recorded (`microbatch state {pipeline}`)")
+
+
+@app.command()
+def state(pipeline: str, as_json: JsonFlag = False) -> None:
+    """The pipeline's state on the record: the watermark and the job's values, which committed batch last changed
+    each, and the operators' resets."""
+    from microbatch.ledger.database import transaction
+    from microbatch.ledger.state import state_view
+    from microbatch.phases.reset import time_text
+
+    with transaction(_ledger_url()) as session:
+        view = state_view(session, _pipeline_id(session, pipeline))
+    shown = {key: time_text(value) if key.endswith("_us") else value for key, value in view.state.items()}
+    if as_json:
+        print(json.dumps({"state": view.state, "shown": shown,
+                          "changed_by": {k: {"batch_id": c.batch_id, "committed_at": str(c.committed_at)}
+                                         for k, c in view.changed_by.items()},
+                          "resets": [{"target": r.target, "operator": r.operator, "at": str(r.created_at),
+                                      "old": r.old_state, "new": r.new_state} for r in view.resets]}, default=str))
+        return
+    rows = [(key.removesuffix("_us"), str(shown[key]),
+             f"batch {view.changed_by[key].batch_id}" if key in view.changed_by else "-",
+             view.changed_by[key].committed_at or "" if key in view.changed_by else "") for key in sorted(view.state)]
+    _print_rows(f"{pipeline}: state ({'empty: no batch set it yet' if not rows else f'{len(rows)} value(s)'})",
+                ["value", "now", "last changed by", "at"], rows)
+    for r in view.resets:
+        console.print(f"  reset {r.target} by {r.operator or 'unknown'} at {r.created_at:%Y-%m-%d %H:%M:%S}")
 
 
 @app.command()
@@ -1130,10 +1192,22 @@ def main() -> None:
     try:
         app()
     except Exception as exc:
-        sentence = _sentence(exc)
-        if sentence is None:
-            raise
-        _print_error(sentence)
+        _print_error(_sentence(exc) or _unexpected(exc))
+
+
+def _unexpected(exc: Exception) -> MicrobatchError:
+    """One sentence for an error the platform did not expect: its type and message; the trace goes to a file."""
+    path = cache_dir() / "logs" / "cli-errors.log"
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("a") as out:
+            out.write(f"--- {datetime.now(UTC).isoformat()} microbatch {(sys.argv[1:] or [''])[0]}\n")
+            out.write("".join(traceback.format_exception(exc)))
+        where = f"its trace is in {path}"
+    except OSError:
+        where = "its trace could not be written"
+    return MicrobatchError(f"The command stopped on an unexpected error: {error_summary(exc)}.",
+                           fix=f"This is microbatch's fault, not yours; {where}: please report it.")
 
 
 def _sentence(exc: Exception) -> MicrobatchError | None:

@@ -1069,8 +1069,12 @@ class EventTimeSpec(_Strict):
     Python helpers; unset: a record is late when its event time is at or before the watermark."""
     allowed_lateness: str = "5s"
     """How far behind the greatest event time seen a record may be before its window closes."""
+    max_future: str = "1d"
+    """How far ahead of its Kafka timestamp (a Python job without it: its batch's planned time) an event time may be;
+    a record further ahead is a dead letter and does not move the watermark (a producer's clock set to 2999 would
+    otherwise make every later record late)."""
 
-    @field_validator("window", "allowed_lateness", mode="before")
+    @field_validator("window", "allowed_lateness", "max_future", mode="before")
     @classmethod
     def _duration(cls, value: Any) -> Any:
         if value is not None:
@@ -1084,6 +1088,10 @@ class EventTimeSpec(_Strict):
     @property
     def allowed_lateness_seconds(self) -> float:
         return _duration_seconds(self.allowed_lateness)
+
+    @property
+    def max_future_seconds(self) -> float:
+        return _duration_seconds(self.max_future)
 
 
 EVENT_TIME_TYPES = ("timestamp", "timestamp_ntz")
@@ -1104,7 +1112,7 @@ def event_time_type_problem(column: str, kind: str) -> str:
     return f"event_time.column: '{column}' is {kind}, not a timestamp; {fix}"
 
 
-EVENT_TIME_OPTIONS = ("window_seconds", "allowed_lateness_seconds")
+EVENT_TIME_OPTIONS = ("window_seconds", "allowed_lateness_seconds", "max_future_seconds")
 """The job options the platform fills in from `event_time` (`PipelineSpec.job_options`)."""
 
 
@@ -1207,6 +1215,7 @@ class PipelineSpec(_Strict):
         options = dict(self.job.options) if self.job is not None else {}
         if self.event_time is not None:
             options["allowed_lateness_seconds"] = self.event_time.allowed_lateness_seconds
+            options["max_future_seconds"] = self.event_time.max_future_seconds
             if self.event_time.window_seconds is not None:
                 options["window_seconds"] = self.event_time.window_seconds
         return options

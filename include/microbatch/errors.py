@@ -43,6 +43,10 @@ class ConcurrentCommitError(MicrobatchError):
     retryable = True
 
 
+class SetupError(MicrobatchError):
+    """The machine lacks something the platform installs or builds (pyspark, a jar, a JDK); nothing ran."""
+
+
 class RowCountError(MicrobatchError):
     """A sink's table would hold other rows than the stage handed it (an attempt's files, a merge); nothing of the
     attempt was committed, and a retry writes it again."""

@@ -14,6 +14,12 @@ from pyspark.sql import functions as F
 from microbatch.transform import batch_constant
 
 MICROS = 1_000_000
+PLANNED_OPTION = "batch_planned_us"
+"""The job option the stage sets to the batch's planned time: the clock of a record without its Kafka timestamp."""
+MAX_FUTURE_OPTION = "max_future_seconds"
+DEFAULT_MAX_FUTURE_SECONDS = 86_400
+LAST_TIME_US = 253_402_300_799_999_999
+"""9999-12-31T23:59:59.999999Z: the last time Python, Postgres and the ledger's state can hold."""
 
 
 def lateness_us(options: Mapping[str, Any]) -> int:
@@ -32,9 +38,42 @@ def watermark_after(state: Mapping[str, Any], batch_max_event_us: int | None, op
     return {**state, "max_event_time_us": max_event, "watermark_us": watermark}
 
 
-def with_late(checked: DataFrame, width_seconds: int | None, state: Mapping[str, Any]) -> DataFrame:
+def guard_future(checked: DataFrame, options: Mapping[str, Any]) -> DataFrame:
+    """`checked` with an `error` for a record whose event time is further ahead than `max_future_seconds` (default a
+    day) of a clock every replay sees the same way, its Kafka `timestamp` when `checked` has it, else the batch's
+    planned time; or past year 9999. Such a record would move the watermark so far that every later one is late:
+    it is a dead letter instead, and moves nothing."""
+    limit = int(float(options.get(MAX_FUTURE_OPTION, DEFAULT_MAX_FUTURE_SECONDS)) * MICROS)
+    event = F.unix_micros("event_time")
+    if "timestamp" in checked.columns:
+        clock, name = F.unix_micros("timestamp"), "its Kafka timestamp"
+    elif options.get(PLANNED_OPTION) is not None:
+        clock, name = F.lit(int(options[PLANNED_OPTION])), "its batch's planned time"
+    else:
+        clock, name = None, ""
+    reason = F.when(event > F.lit(LAST_TIME_US), F.lit("the event time is past year 9999, which no watermark holds"))
+    if clock is not None:
+        reason = reason.when(event > clock + F.lit(limit), F.lit(
+            f"the event time is more than {_duration_text(limit // MICROS)} ahead of {name} (max_future); it would "
+            "move the watermark past every later record"))
+    return checked.withColumn("error", F.coalesce(F.col("error"), reason))
+
+
+def _duration_text(seconds: int) -> str:
+    for unit, size in (("day", 86_400), ("hour", 3600), ("minute", 60)):
+        if seconds % size == 0 and seconds >= size:
+            count = seconds // size
+            return f"{count} {unit}{'s' if count != 1 else ''}"
+    return f"{seconds} seconds"
+
+
+def with_late(checked: DataFrame, width_seconds: int | None, state: Mapping[str, Any],
+              options: Mapping[str, Any] | None = None) -> DataFrame:
     """`checked` (with `event_time` and `error`) and a `late` column: a valid record whose `width_seconds` window
-    ended at or before the watermark its batch began with (without a window: whose event time is at or before it)."""
+    ended at or before the watermark its batch began with (without a window: whose event time is at or before it).
+    With the job's `options`, a record too far in the future is refused first (`guard_future`)."""
+    if options is not None:
+        checked = guard_future(checked, options)
     if width_seconds:
         window_end_us = (F.floor(F.unix_seconds("event_time") / width_seconds) * width_seconds + width_seconds) * MICROS
     else:

@@ -17,6 +17,8 @@ import time
 import zipfile
 from pathlib import Path
 
+from microbatch.errors import SetupError
+
 log = logging.getLogger(__name__)
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
@@ -35,7 +37,7 @@ def spark_home() -> Path:
     """The pyspark wheel's folder (SPARK_HOME of local Spark), found without importing pyspark."""
     spec = importlib.util.find_spec("pyspark")
     if spec is None or spec.origin is None:
-        raise RuntimeError("pyspark is not installed in this Python; run `make venv`.")
+        raise SetupError("pyspark is not installed in this Python.", fix="Run `make venv`, which installs it.")
     return Path(spec.origin).parent
 
 
@@ -58,7 +60,8 @@ def ensure_jars(kind: str) -> Path:
     result = subprocess.run(command, capture_output=True, text=True, check=False)
     if result.returncode != 0:
         tail = "\n".join((result.stdout + result.stderr).splitlines()[-40:])
-        raise RuntimeError(f"fetching the {kind} jars with Maven failed ({' '.join(command)}):\n{tail}")
+        raise SetupError(f"Fetching the {kind} jars with Maven failed ({' '.join(command)}): {tail.strip()}",
+                         fix="Check that Maven Central is reachable, then run `make jars` again.")
     marker.write_text(pom.read_text())
     log.info("fetched %s jars into %s in %.1fs", kind, target, time.monotonic() - started)
     return target
@@ -84,8 +87,8 @@ def formats_jar() -> Path:
     java_home = os.environ.get("JAVA_HOME")
     javac = shutil.which("javac") or (java_home and shutil.which(str(Path(java_home) / "bin" / "javac")))
     if not javac:
-        raise RuntimeError("Building microbatch's formats jar needs a JDK's javac, which is not on PATH or in "
-                           "JAVA_HOME; install one (e.g. openjdk-17-jdk-headless) and run `make jars`.")
+        raise SetupError("Building microbatch's formats jar needs a JDK's javac, which is not on PATH or in "
+                         "JAVA_HOME.", fix="Install one (e.g. openjdk-17-jdk-headless) and run `make jars`.")
     started = time.monotonic()
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="microbatch-javac-") as classes:
@@ -93,7 +96,8 @@ def formats_jar() -> Path:
                    str(spark_home() / "jars" / "*"), "-d", classes, *map(str, sources)]
         result = subprocess.run(command, capture_output=True, text=True, check=False)
         if result.returncode != 0:
-            raise RuntimeError(f"compiling {JVM_SOURCES} failed ({javac}):\n{result.stdout}{result.stderr}")
+            raise SetupError(f"Compiling {JVM_SOURCES} failed ({javac}): {(result.stdout + result.stderr).strip()}",
+                             fix="Check the JDK (17 or newer) and the sources, then run `make jars` again.")
         partial = target.with_suffix(f".{os.getpid()}.tmp")
         with zipfile.ZipFile(partial, "w", zipfile.ZIP_DEFLATED) as jar:
             jar.writestr("META-INF/MANIFEST.MF", "Manifest-Version: 1.0\nCreated-By: microbatch\n\n")

@@ -39,7 +39,7 @@ class SqlJob:
         event_time = F.col(declared.column).cast("timestamp")
         error = F.when(event_time.isNull(), F.lit(f"the event time column '{declared.column}' is null"))
         checked = records.select(*kept, event_time.alias(EVENT_TIME_COLUMN), error.alias(ERROR_COLUMN))
-        return with_late(checked, declared.window_seconds, state)
+        return with_late(checked, declared.window_seconds, state, options)
 
     def state_metrics(self, options: Mapping[str, Any]) -> dict[str, Column]:
         return watermark_metrics() if self.spec.event_time is not None else {}

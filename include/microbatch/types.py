@@ -167,6 +167,9 @@ class StageStart:
     """The ledger's identity of the pipeline, which a lakehouse sink's table commit carries."""
     formats: dict = field(default_factory=dict)
     """The pins of the batch's registry formats, by side (`ledger.models.Batch.formats`)."""
+    planned_us: int | None = None
+    """When the batch was planned (microseconds since the epoch): the clock that an event time without a Kafka
+    timestamp beside it is held against, the same in every attempt and replay of the batch's records."""
 
 
 @dataclass(frozen=True)

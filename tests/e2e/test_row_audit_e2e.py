@@ -34,7 +34,7 @@ from tests.e2e.test_delta_sink_e2e import cli_long, dag_folder, run
 
 pytestmark = pytest.mark.e2e
 
-T0 = datetime(2026, 11, 29, 8, 0, 0, tzinfo=UTC)
+T0 = datetime(2026, 11, 28, 8, 0, 0, tzinfo=UTC)
 COLUMNS = {"user": "text", "page": "text", "ts": "timestamptz"}
 SQL = "SELECT `user`, page, ts FROM records"
 

@@ -38,7 +38,7 @@ def test_the_migration_keeps_dead_letters_written_at_0012_with_no_key_or_timesta
             'INSERT INTO stage_dead_letters (batch_id, attempt, topic, partition, "offset", raw, error) '
             "VALUES (:b, 1, 'old-topic', 2, 8, 'staged', 'staged before the upgrade')"), {"b": batch})
 
-    assert migrate(url) == "0016"
+    assert migrate(url) == "0017"
 
     with transaction(url) as session:
         (old,) = session.scalars(select(DeadLetter)).all()

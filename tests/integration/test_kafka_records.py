@@ -224,7 +224,7 @@ def test_the_migration_keeps_bad_records_written_at_0013_with_no_headers(postgre
                 f'INSERT INTO {table} (pipeline_id, batch_id, topic, partition, "offset", raw, {extra[0]}) '
                 f"VALUES (:p, :b, 'old-topic', 0, 1, 'x', {extra[1]})"), {"p": pipeline, "b": batch})
 
-    assert migrate(url) == "0016"
+    assert migrate(url) == "0017"
 
     with transaction(url) as session:
         (letter,) = session.scalars(select(DeadLetter)).all()

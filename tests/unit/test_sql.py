@@ -101,12 +101,13 @@ def test_bad_aggregate_queries_are_refused_in_one_sentence(sql, window, words):
 def test_a_sql_pipeline_loads_and_a_python_job_reads_the_declared_event_time(tmp_path):
     spec = load(tmp_path, SPEC)
     assert spec.job is None and set(spec.sink_queries()) == {"log", "totals"}
-    assert spec.job_options == {"window_seconds": 60, "allowed_lateness_seconds": 5.0}
+    assert spec.job_options == {"window_seconds": 60, "allowed_lateness_seconds": 5.0, "max_future_seconds": 86_400.0}
     python = copy.deepcopy(SPEC)
     python["job"] = {"transform": "spark_jobs.clicks:transform", "options": {"user": 1}}
     for sink in python["sinks"]:
         sink.pop("sql")
-    assert load(tmp_path, python).job_options == {"user": 1, "window_seconds": 60, "allowed_lateness_seconds": 5.0}
+    assert load(tmp_path, python).job_options == {"user": 1, "window_seconds": 60, "allowed_lateness_seconds": 5.0,
+                                                  "max_future_seconds": 86_400.0}
 
 
 def _without_sql(spec: dict) -> None:

@@ -39,6 +39,19 @@ P = ParamSpec("P")
 T = TypeVar("T")
 
 
+TERMINAL_EXIT = 2
+"""The exit code of a spark-submit driver (`spark_jobs/run_batch.py`, `maintain_lake.py`) whose error a retry
+cannot mend (a bad spec, data loss under `on_data_loss: fail`): the task fails at once, as on Spark Connect."""
+
+
+def driver_exit_code(message: str) -> int | None:
+    """The exit code of spark-submit in the Spark provider's error message ("... Error code is: 2."), if any."""
+    import re
+
+    found = re.search(r"Error code is: (-?\d+)", message)
+    return int(found.group(1)) if found else None
+
+
 def fail(exc: MicrobatchError) -> NoReturn:
     """Log the one-sentence cause and fix; retry only what a retry can mend."""
     log.error("%s", exc)
@@ -138,7 +151,15 @@ class SubmitStageOperator(SparkSubmitOperator):
         # Executors on a cluster import the platform and the job from this zip; local mode finds them anyway.
         self.py_files = ",".join(filter(None, [self.py_files, str(library_zip())]))
         self.conf = {"spark.pyspark.python": sys.executable, **(self.conf or {})}
-        super().execute(context)
+        try:
+            super().execute(context)
+        except Exception as exc:  # the provider's AirflowException for any non-zero exit of spark-submit
+            if driver_exit_code(str(exc)) == TERMINAL_EXIT:
+                raise AirflowFailException(
+                    "The spark-submit driver stopped on a terminal error (exit code 2), whose one sentence and fix "
+                    "are the 'failed:' line of the driver's log above; it is not retried, since a retry would fail "
+                    "the same way.") from None
+            raise
 
 
     @staticmethod

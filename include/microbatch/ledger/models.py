@@ -308,6 +308,21 @@ class PositionReset(Base):
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
 
 
+class StateReset(Base):
+    """The audit row of an operator's change of a pipeline's state, `microbatch reset --watermark` (migration
+    0017)."""
+
+    __tablename__ = "state_resets"
+
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    pipeline_id: Mapped[int] = mapped_column(ForeignKey("pipelines.id"))
+    old_state: Mapped[dict[str, Any]] = mapped_column()
+    new_state: Mapped[dict[str, Any]] = mapped_column()
+    target: Mapped[str] = mapped_column(Text)
+    operator: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+
+
 def _bad_record_staging(name: str, *columns: Column[Any]) -> Table:
     """A staging table of the ledger's own: what the stage found bad, tagged (batch_id, attempt), no key."""
     return Table(

@@ -296,7 +296,8 @@ def begin_stage(session: Session, batch_id: int, *, waited: bool) -> StageStart:
     # same pass; any other counts them only if this read turns out to have holes (`records_read`).
     holes = last_read_had_holes(session, batch.pipeline_id, batch_id)
     return StageStart(batch.state, batch.staged_attempt, attempt, batch_ranges(session, batch_id), state_before,
-                      holes, batch.pipeline_id, pipeline_uid(session, batch.pipeline_id), dict(batch.formats or {}))
+                      holes, batch.pipeline_id, pipeline_uid(session, batch.pipeline_id), dict(batch.formats or {}),
+                      int(batch.created_at.timestamp() * 1_000_000))
 
 
 def _stage_state_before(session: Session, batch: Batch) -> dict[str, Any]:

@@ -35,6 +35,7 @@ class CommittedBatch:
     state_before: Mapping[str, Any] = field(default_factory=dict)
     formats: Mapping[str, Any] = field(default_factory=dict)
     """The registry schemas the batch decoded with (`batches.formats`)."""
+    planned_us: int | None = None
 
     def recorded(self, key: str, sink: str) -> int | None:
         value = (self.counts.get(key) or {}).get(sink)
@@ -43,7 +44,8 @@ class CommittedBatch:
 
 def committed_batches(session: Session, pipeline_id: int) -> list[CommittedBatch]:
     """Every committed batch of the pipeline, by id, with its counts and its ranges."""
-    batches = session.execute(select(Batch.id, Batch.counts, Batch.attempt, Batch.state_before, Batch.formats).where(
+    batches = session.execute(select(Batch.id, Batch.counts, Batch.attempt, Batch.state_before, Batch.formats,
+                                     Batch.created_at).where(
         Batch.pipeline_id == pipeline_id, Batch.state == BatchState.COMMITTED.value).order_by(Batch.id)).all()
     ranges: dict[int, list[OffsetRange]] = {}
     superseded: set[int] = set()
@@ -55,8 +57,9 @@ def committed_batches(session: Session, pipeline_id: int) -> list[CommittedBatch
         else:
             superseded.add(batch_id)
     return [CommittedBatch(b, counts or {}, sorted(ranges.get(b, []), key=lambda r: (r.topic, r.partition, r.start)),
-                           b not in superseded, attempt, state_before or {}, formats or {})
-            for b, counts, attempt, state_before, formats in batches]
+                           b not in superseded, attempt, state_before or {}, formats or {},
+                           int(created.timestamp() * 1_000_000))
+            for b, counts, attempt, state_before, formats, created in batches]
 
 
 def record_kept(batch: Batch, kept: Mapping[str, int]) -> None:

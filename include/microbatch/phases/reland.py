@@ -98,7 +98,7 @@ def reland_batch(spark: SparkSession, spec: PipelineSpec, sink: Sink, batch_id: 
         if registry_sides(spec):
             formats = bound_formats(session, spec, batch_id, pipeline_id, whole.formats)
         current = _Attempt(batch_id, whole.attempt, whole.ranges, dict(whole.state_before), False, pipeline_id,
-                           repo.pipeline_uid(session, pipeline_id), formats)
+                           repo.pipeline_uid(session, pipeline_id), formats, whole.planned_us)
         number = ledger_rows.reland_count(session, batch_id, sink.name) + 1
     log.info("reland of batch %s into %s (the %s): reading %s range(s), %s rows committed", batch_id, sink.name,
              f"#{number}", len(current.ranges), expected)
@@ -106,7 +106,7 @@ def reland_batch(spark: SparkSession, spec: PipelineSpec, sink: Sink, batch_id: 
     source = _kafka_records(spark, spec, current.ranges, kafka)
     read = _ReadPass.of(spec, source, current)
     keep_observed_metrics(spark)
-    parsed = job.parse(read.for_job, spec.job_options, current.state_before)
+    parsed = job.parse(read.for_job, current.parse_options(spec), current.state_before)
     outputs = _job_outputs(job, parsed, spec.job_options, current.state_before, [sink])
     assert sink.staging is not None
     rows = _sink_rows(spec, sink, outputs[sink.name]).select(*sink.staging.columns)

@@ -105,9 +105,13 @@ def log_commit_summary(log: logging.Logger, pipeline: str, result: CommitResult)
 
 
 def _micros(value: int | None) -> str:
+    """A state's time for the task log; one past year 9999 as its number (a log line never fails the task)."""
     if value is None:
         return "none"
-    return datetime.fromtimestamp(value / 1_000_000, tz=UTC).isoformat()
+    try:
+        return datetime.fromtimestamp(value / 1_000_000, tz=UTC).isoformat()
+    except (ValueError, OverflowError, OSError):
+        return f"{value} µs since 1970 (past year 9999)"
 
 
 def log_publish_summary(log: logging.Logger, pipeline: str, result: PublishResult) -> None:

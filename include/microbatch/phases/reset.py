@@ -12,8 +12,8 @@ confirmed moves. The CLI only takes the arguments, shows the plan and asks.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime
-from typing import Literal
+from datetime import UTC, datetime, timedelta
+from typing import Any, Literal
 
 from sqlalchemy.orm import Session
 
@@ -28,6 +28,7 @@ from microbatch.kafka.offsets import (
 )
 from microbatch.ledger import repository as repo
 from microbatch.ledger.database import Ledger
+from microbatch.ledger.state import reset_state
 from microbatch.settings import KafkaSettings
 from microbatch.types import TopicPartition
 
@@ -186,3 +187,60 @@ def parse_time(value: str) -> datetime:
         return datetime.fromisoformat(value.replace("Z", "+00:00"))
     except ValueError:
         raise SpecError(f"reset: '{value}' is not an ISO-8601 time.", fix="Use e.g. 2026-11-22T12:00:00Z.") from None
+
+
+# --- the watermark (`microbatch reset --watermark`) ---------------------------------------------------------
+
+WATERMARK_KEYS = ("watermark_us", "max_event_time_us")
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+"""The event-time part of a pipeline's state (`event_time.watermark_after`)."""
+
+
+def time_text(micros: Any) -> str:
+    """A state's time (microseconds since the epoch) as ISO-8601 UTC; one past year 9999 as its number, said so."""
+    try:
+        return (EPOCH + timedelta(microseconds=int(micros))).isoformat().replace("+00:00", "Z")
+    except (ValueError, OverflowError, OSError, TypeError):
+        return f"{micros} µs since 1970 (past year 9999: no time can hold it)"
+
+
+def watermark_state(state: dict[str, Any], target: str) -> dict[str, Any]:
+    """The pipeline state with its watermark cleared (`clear`: the next batch starts it again from its own event
+    times) or set to an ISO-8601 time with a zone; the job's other values stay."""
+    kept = {key: value for key, value in state.items() if key not in WATERMARK_KEYS}
+    if target == "clear":
+        return kept
+    moment = parse_time(target)
+    if moment.tzinfo is None:
+        raise SpecError(f"reset --watermark '{target}' has no time zone.",
+                        fix="Write it with one, e.g. 2026-11-29T08:00:00Z.")
+    micros = int(moment.timestamp() * 1_000_000)
+    return {**kept, "watermark_us": micros, "max_event_time_us": micros}
+
+
+@dataclass(frozen=True)
+class WatermarkPlan:
+    pipeline_id: int
+    target: str
+    old: dict[str, Any]
+    new: dict[str, Any]
+
+
+def plan_watermark(spec: PipelineSpec, target: str, ledger: Ledger) -> WatermarkPlan:
+    """What `reset --watermark TARGET` would make of the pipeline's state; nothing is written."""
+    if target != "clear":
+        parse_time(target)
+    with ledger.transaction() as session:
+        pipeline = repo.get_pipeline(session, spec.name)
+        if pipeline is None:
+            raise SpecError(f"reset: the ledger has no pipeline '{spec.name}' yet; it has no state to reset.",
+                            fix=f"Run it first: microbatch run {spec.name}.")
+        old = dict(pipeline.state or {})
+        return WatermarkPlan(pipeline.id, target, old, watermark_state(old, target))
+
+
+def apply_watermark(plan: WatermarkPlan, ledger: Ledger, operator: str) -> None:
+    """Apply the state the operator confirmed, once, on the record (`ledger/state.reset_state`)."""
+    with ledger.transaction() as session:
+        reset_state(session, plan.pipeline_id, plan.old, plan.new, target=f"watermark {plan.target}",
+                    operator=operator)

@@ -27,7 +27,7 @@ from sqlalchemy.exc import OperationalError
 from microbatch import failpoints
 from microbatch.config import PipelineSpec
 from microbatch.errors import DataLossError, MicrobatchError, SpecError, StageFailedError
-from microbatch.event_time import check_event_time_column
+from microbatch.event_time import PLANNED_OPTION, check_event_time_column
 from microbatch.formats.base import Format
 from microbatch.kafka.offsets import offset_bounds, offsets_client
 from microbatch.kafka.security import spark_client_options
@@ -309,7 +309,8 @@ def stage_batch(
             with ledger.transaction() as session:
                 formats = bound_formats(session, spec, batch_id, start.pipeline_id, start.formats)
         result = _stage_attempt(spark, spec, _Attempt(batch_id, start.attempt, start.ranges, start.state_before,
-                                                      start.holes, start.pipeline_id, start.pipeline_uid, formats),
+                                                      start.holes, start.pipeline_id, start.pipeline_uid, formats,
+                                                      start.planned_us),
                                 ledger, kafka)
         counts = {
             "records": result.records,
@@ -342,6 +343,12 @@ class _Attempt:
     formats: tuple[Format[Any], Format[Any]] | None = None
     """The key's and the value's formats as this batch decodes them (registry formats bound to its schemas); the
     spec's when None."""
+    planned_us: int | None = None
+    """When the batch was planned: the clock of `event_time.guard_future` for a job without Kafka timestamps."""
+
+    def parse_options(self, spec: PipelineSpec) -> dict[str, Any]:
+        """The options the job's `parse` is given: the spec's, and the batch's planned time."""
+        return {**spec.job_options, **({PLANNED_OPTION: self.planned_us} if self.planned_us is not None else {})}
 
     @property
     def partition_keys(self) -> list[tuple[str, int]]:
@@ -368,7 +375,7 @@ def _stage_attempt(
     source = _kafka_records(spark, spec, current.ranges, kafka)
     read = _ReadPass.of(spec, source, current)
     keep_observed_metrics(spark)
-    parsed = job.parse(read.for_job, spec.job_options, current.state_before)
+    parsed = job.parse(read.for_job, current.parse_options(spec), current.state_before)
     check_event_time_column(parsed, spec.name)
     jdbc = jdbc_options(ledger)
     BEFORE_READ.hit()  # the Spark job below reads Kafka

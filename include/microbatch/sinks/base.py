@@ -109,8 +109,19 @@ def staging_columns() -> list[sa.Column[Any]]:
 
 
 def watermark_timestamp(micros: int | None) -> datetime | None:
-    """A watermark of the pipeline state (microseconds since the epoch) as the timestamptz SQL compares."""
-    return None if micros is None else datetime.fromtimestamp(micros / 1_000_000, tz=UTC)
+    """A watermark of the pipeline state (microseconds since the epoch) as the timestamptz SQL compares; one that
+    no time can hold (past year 9999) is one sentence, with the way out."""
+    if micros is None:
+        return None
+    try:
+        return datetime.fromtimestamp(micros / 1_000_000, tz=UTC)
+    except (ValueError, OverflowError, OSError):
+        raise MicrobatchError(
+            f"The pipeline's watermark ({micros} µs since 1970) is past year 9999, which no table can hold; nothing "
+            "was committed.",
+            fix="`microbatch state PIPELINE` shows it; abandon the open batch, then `microbatch reset PIPELINE "
+                "--watermark clear` (the event time column must be a timestamp: `unit: ms` for epoch milliseconds).",
+        ) from None
 
 
 @dataclass(frozen=True)
