@@ -59,6 +59,10 @@ class Payment:
     def tombstone(self) -> bool:
         return self.value is None
 
+    @property
+    def future(self) -> bool:  # a producer's clock in 2999: a dead letter that moves no watermark (issue 60)
+        return self.event_time is not None and self.event_time.year >= 2999
+
 
 def payment(i: int, merchant: str, amount: int, when: datetime) -> Payment:
     body = {"payment_id": f"p{i}", "merchant": merchant, "amount_cents": amount,
@@ -68,7 +72,8 @@ def payment(i: int, merchant: str, amount: int, when: datetime) -> Payment:
 
 def generate() -> list[Payment]:
     """300 payments over 300 s (every 20th one too big for an int, `ts` in epoch milliseconds), 6 records that are
-    not JSON, 8 tombstones (keyed by merchant, null value: skipped, never dead letters), then one big
+    not JSON, 8 tombstones (keyed by merchant, null value: skipped, never dead letters), one stamped in the year 2999
+    (a dead letter that moves no watermark), then one big
     payment of the first seconds: its window is final by the time the second batch begins."""
     rng = random.Random(45)
     out = []
@@ -79,6 +84,9 @@ def generate() -> list[Payment]:
             out.append(Payment(b"{not json", f"m{rng.randrange(3)}", json_ok=False))
         if i % 40 == 3:  # a tombstone: never a dead letter, no row, no event time (docs/formats.md#tombstones)
             out.append(Payment(None, f"m{rng.randrange(3)}", json_ok=False))
+        if i == 150:  # an event time from a clock set to 2999: later records must not all become late
+            future = payment(2999, "m1", 42, datetime(2999, 1, 1, tzinfo=UTC))
+            out.append(Payment(future.value, "m1", 42, future.event_time, json_ok=False))
     out.append(payment(999, "m0", BIG, T0 + timedelta(seconds=1)))
     return out
 
@@ -138,12 +146,16 @@ def test_dead_letters_find_inspect_fix_reprocess_verify(service_env, topic, kafk
     assert listed.returncode == 0, listed.stderr
     letters = {(d["partition"], d["offset"]): d for d in json.loads(listed.stdout)}
     too_big = {co for co, p in zip(coords, payments, strict=True) if p.json_ok and p.amount >= 2**31}
-    not_json = {co for co, p in zip(coords, payments, strict=True) if not p.json_ok and not p.tombstone}
-    assert set(letters) == too_big | not_json
+    not_json = {co for co, p in zip(coords, payments, strict=True)
+                if not p.json_ok and not p.tombstone and not p.future}
+    future = {co for co, p in zip(coords, payments, strict=True) if p.future}
+    assert set(letters) == too_big | not_json | future
     by_coord = dict(zip(coords, payments, strict=True))
     for co, letter in letters.items():
         assert letter["key"] == by_coord[co].ip
-        expected = "value field 'amount_cents' is not an int" if co in too_big else "value is not JSON"
+        expected = ("value field 'amount_cents' is not an int" if co in too_big else "value is not JSON"
+                    if co in not_json else "the event time is more than 1 day ahead of its Kafka timestamp "
+                    "(max_future); it would move the watermark past every later record")
         assert letter["reason"] == expected, letter
     one = sorted(too_big)[0]
     found = microbatch(env, "find", PIPELINE, topic, str(one[0]), str(one[1]))
@@ -182,7 +194,7 @@ def test_dead_letters_find_inspect_fix_reprocess_verify(service_env, topic, kafk
         epoch = int(p.event_time.timestamp())
         oracle[(datetime.fromtimestamp(epoch - epoch % 60, tz=UTC), p.ip)] += p.amount
     assert sums == dict(oracle)
-    assert remaining == not_json
+    assert remaining == not_json | future
     assert cli(env, "verify", PIPELINE).returncode == 0
 
     # A sink that cannot replay: the re-process is refused in one sentence, and nothing is written.
