@@ -215,8 +215,8 @@ class SourceSpec(_Strict):
     `avro` in the Confluent wire format with its schemas in a schema registry (`fields` as for json, `subject`,
     `version`: docs/formats.md), each a typed column of the same name. The decode runs in the read's pass; a value
     that its format cannot read (not JSON, a field of another type, a required field missing, an unknown schema id)
-    is a dead letter whose reason names the field. A null value (a tombstone) decodes to null columns and is never
-    bad."""
+    is a dead letter whose reason names the field. A tombstone (a key with a null value) is never bad: it deletes its
+    key in a sink keyed by the record key and is skipped by every other (docs/formats.md#tombstones)."""
 
     @model_validator(mode="before")
     @classmethod
