@@ -8,7 +8,7 @@ started once with the connector jars.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -50,3 +50,32 @@ def ledger_at_revision(postgres: Any, revision: str, state: str) -> Iterator[tup
             "INSERT INTO batches (pipeline_id, kind, state, attempt) VALUES (:p, 'scheduled', :s, 1) RETURNING id"),
             {"p": pipeline, "s": state}).scalar_one()
         yield url, conn, pipeline, batch
+
+
+@pytest.fixture
+def console(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> Callable[..., tuple[int, str]]:
+    """`microbatch ARGS` as the console runs it, in process (its entry point `main`, which turns every failure into
+    one sentence): (exit code, what it printed, as words). A traceback, an unexpected error or an exception let out
+    of `main` fails the test. Never a running local stack's connections: the test's own environment."""
+    import sys
+    import traceback
+
+    from microbatch import cli
+
+    monkeypatch.setattr(cli.localenv, "use_running_stack", dict)
+
+    def invoke(*args: str) -> tuple[int, str]:
+        monkeypatch.setattr(sys, "argv", ["microbatch", *args])
+        try:
+            cli.main()
+            code = 0
+        except SystemExit as done:
+            code = done.code if isinstance(done.code, int) else 1
+        except Exception as exc:
+            pytest.fail(f"microbatch {' '.join(args)} let out:\n{''.join(traceback.format_exception(exc))}")
+        out = capsys.readouterr()
+        output = out.out + out.err
+        assert "Traceback" not in output and "unexpected error" not in output, output
+        return code, " ".join(output.split())
+
+    return invoke

@@ -2,14 +2,12 @@
 traceback. An `iceberg` and a `delta` sink made by `microbatch migrate` on a real PostgreSQL ledger (the Iceberg
 catalog in it), read while empty, after an empty commit (pyiceberg's empty APPEND snapshot, delta-rs's empty
 append: `show` crashed with `ArrowInvalid: Must pass at least one table` on the first), and after the table is
-removed. The CLI runs in process through its console entry point `main`, which turns a `MicrobatchError` into one
-sentence and lets anything else out as a traceback: an exception out of `main` fails the test. No Spark."""
+removed. The CLI runs in process through its console entry point `main` (the `console` fixture): a traceback or an
+"unexpected error" sentence fails the test. No Spark."""
 
 from __future__ import annotations
 
 import shutil
-import sys
-import traceback
 import uuid
 from pathlib import Path
 
@@ -20,7 +18,6 @@ from deltalake import DeltaTable, write_deltalake
 from pyiceberg.catalog.sql import SqlCatalog
 from sqlalchemy import text
 
-from microbatch import cli
 from microbatch.config import find_spec
 from microbatch.ledger import repository as repo
 from microbatch.ledger.database import transaction
@@ -30,7 +27,7 @@ PIPELINE = "lake_views"
 
 
 @pytest.fixture
-def lake(ledger_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]):
+def lake(ledger_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, console):
     """The pipeline's spec (an iceberg and a delta sink, relative paths with a suffix of this test's own) in a
     pipelines directory of this test, its tables migrated into a warehouse of this test; a runner of the CLI."""
     suffix = uuid.uuid4().hex[:8]
@@ -51,22 +48,7 @@ def lake(ledger_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsy
     for key, value in {"MICROBATCH_LEDGER_URL": ledger_url, "MICROBATCH_PIPELINES_DIR": str(specs),
                        "MICROBATCH_WAREHOUSE": str(warehouse), "COLUMNS": "250"}.items():
         monkeypatch.setenv(key, value)
-    monkeypatch.setattr(cli.localenv, "use_running_stack", dict)  # this test's ledger, never a running stack's
-
-    def run(*args: str) -> tuple[int, str]:
-        """`microbatch ARGS` as the console runs it: (exit code, what it printed)."""
-        monkeypatch.setattr(sys, "argv", ["microbatch", *args])
-        try:
-            cli.main()
-            code = 0
-        except SystemExit as done:
-            code = done.code if isinstance(done.code, int) else 1
-        except Exception as exc:  # main lets it out: the user would see a traceback
-            pytest.fail(f"microbatch {' '.join(args)} printed a traceback:\n{''.join(traceback.format_exception(exc))}")
-        out = capsys.readouterr()
-        output = out.out + out.err
-        assert "Traceback" not in output and "unexpected error" not in output, output
-        return code, " ".join(output.split())
+    run = console
 
     code, output = run("migrate")
     assert code == 0, output

@@ -6,15 +6,12 @@ changed each value and the reset. No Spark, no Kafka: the state is what the ledg
 
 from __future__ import annotations
 
-import sys
-import traceback
 from pathlib import Path
 
 import pytest
 import yaml
 from sqlalchemy import text
 
-from microbatch import cli
 from microbatch.config import find_spec
 from microbatch.ledger import repository as repo
 from microbatch.ledger.database import transaction
@@ -32,7 +29,7 @@ def spec(name: str) -> dict:
 
 
 @pytest.fixture
-def run(ledger_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]):
+def run(ledger_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, console):
     specs = tmp_path / "pipelines"
     specs.mkdir()
     for name in ("wedged", "neighbour"):
@@ -40,27 +37,11 @@ def run(ledger_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
     for key, value in {"MICROBATCH_LEDGER_URL": ledger_url, "MICROBATCH_PIPELINES_DIR": str(specs),
                        "COLUMNS": "250"}.items():
         monkeypatch.setenv(key, value)
-    monkeypatch.setattr(cli.localenv, "use_running_stack", dict)
-
-    def invoke(*args: str) -> tuple[int, str]:
-        monkeypatch.setattr(sys, "argv", ["microbatch", *args])
-        try:
-            cli.main()
-            code = 0
-        except SystemExit as done:
-            code = done.code if isinstance(done.code, int) else 1
-        except Exception as exc:
-            pytest.fail(f"microbatch {' '.join(args)} let out:\n{''.join(traceback.format_exception(exc))}")
-        out = capsys.readouterr()
-        output = out.out + out.err
-        assert "Traceback" not in output and "unexpected error" not in output, output
-        return code, " ".join(output.split())
-
     with transaction(ledger_url) as session:
         for name, state in (("wedged", WEDGED), ("neighbour", OTHER)):
             pipeline = repo.ensure_pipeline(session, find_spec(name), lock=True)
             pipeline.state = dict(state)
-    return invoke
+    return console
 
 
 def state_of(url: str, name: str) -> dict:

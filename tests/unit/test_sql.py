@@ -164,8 +164,12 @@ def _ts_as(declared: object):
                "field `ts: {type: timestamp, unit: ms}`"),
     ("string", "event_time.column: 'ts' is string, not a timestamp; declare the field `ts: timestamp` (ISO-8601)"),
     ("double", "is double, not a timestamp"),
+    ({"type": "bigint", "unit": "ms"}, "unit reads an epoch number into a timestamp; the field is bigint"),
+    ({"type": "timestamp", "unit": "ms", "format": "yyyy"}, "either a unit (an epoch number) or a format"),
+    ({"type": "string", "format": "yyyy"}, "format reads a time string into a timestamp or date"),
+    ({"type": "timestamp", "unit": "minutes"}, "unit"),
 ])
-def test_an_event_time_that_is_not_a_time_is_refused_when_the_spec_loads(tmp_path, declared, words):
+def test_an_event_time_that_is_not_a_time_or_a_reading_that_cannot_be_is_refused(tmp_path, declared, words):
     spec = copy.deepcopy(SPEC)
     _ts_as(declared)(spec)
     with pytest.raises(SpecError) as refused:
@@ -179,17 +183,3 @@ def test_an_event_time_read_from_an_epoch_number_or_a_pattern_loads(tmp_path, de
     spec = copy.deepcopy(SPEC)
     _ts_as(declared)(spec)
     assert load(tmp_path, spec).records_columns["ts"] in ("timestamp", "timestamp_ntz")
-
-
-@pytest.mark.parametrize(("declared", "words"), [
-    ({"type": "bigint", "unit": "ms"}, "unit reads an epoch number into a timestamp; the field is bigint"),
-    ({"type": "timestamp", "unit": "ms", "format": "yyyy"}, "either a unit (an epoch number) or a format"),
-    ({"type": "string", "format": "yyyy"}, "format reads a time string into a timestamp or date"),
-    ({"type": "timestamp", "unit": "minutes"}, "unit"),
-])
-def test_a_unit_or_format_where_it_cannot_read_is_refused(tmp_path, declared, words):
-    spec = copy.deepcopy(SPEC)
-    _ts_as(declared)(spec)
-    with pytest.raises(SpecError) as refused:
-        load(tmp_path, spec)
-    assert words in str(refused.value), str(refused.value)

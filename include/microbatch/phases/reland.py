@@ -119,8 +119,8 @@ def reland_batch(spark: SparkSession, spec: PipelineSpec, sink: Sink, batch_id: 
         raise RowCountError(f"Batch {batch_id}: read again, it gives sink {sink.name} {handed} rows but the ledger "
                             f"committed {expected}; nothing was written.",
                             fix="Reland with the transform and spec the batch ran with.")
-    ctx = RelandContext(spec.name, pipeline_id, current.pipeline_uid, batch_id, whole.attempt, current.ranges, number,
-                        expected, ledger)
+    ctx = RelandContext(spec.name, pipeline_id, current.pipeline_uid, batch_id, whole.attempt, current.ranges, ledger,
+                        number=number, rows=expected)
     if sink.writes_in_stage:
         written = sink.reland_table(rows, ctx)
         version: int | None = written.version

@@ -151,21 +151,19 @@ class StageContext:
 
 
 @dataclass(frozen=True)
-class RelandContext:
-    """A committed batch that `microbatch reland` lands again into one append sink (`phases/reland.py`)."""
+class RelandContext(StageContext):
+    """A committed batch that `microbatch reland` lands again into one append sink (`phases/reland.py`): its
+    `attempt` is the one the batch was committed with, and the ledger is always given."""
 
-    pipeline: str
-    pipeline_id: int
-    pipeline_uid: str
-    batch_id: int
-    attempt: int
-    """The attempt the batch was committed with."""
-    ranges: Sequence[OffsetRange]
-    number: int
+    number: int = 1
     """1 for the batch's first reland into the sink, then 2, ..."""
-    rows: int
+    rows: int = 0
     """The rows the ledger committed for the sink, which the reland lands."""
-    ledger: Ledger
+
+    @property
+    def owned_ledger(self) -> Ledger:
+        assert self.ledger is not None, "a reland is given the ledger"
+        return self.ledger
 
     @property
     def staged(self) -> dict[str, int]:

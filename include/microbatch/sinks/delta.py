@@ -366,7 +366,7 @@ def reland(df: DataFrame, sink: DeltaSink, owner: Owner, ctx: RelandContext) -> 
     else:
         raise MicrobatchError(f"sink '{sink.name}': the reland of batch {ctx.batch_id} is in no version of {loc}.",
                               fix="Run `microbatch reland` again.")
-    with ctx.ledger.transaction() as session:
+    with ctx.owned_ledger.transaction() as session:
         ledger_rows.record_reland(session, ctx.batch_id, sink.name, version, rows)
     return TableWrite(loc, version, rows, ctx.attempt, True)
 

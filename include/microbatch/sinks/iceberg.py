@@ -535,14 +535,13 @@ def reland(rows: DataFrame, sink: IcebergSink, owner: Owner, ctx: RelandContext)
     transaction deletes the rows of the batch's ranges and adds the files, recorded in the ledger."""
     from microbatch.ledger import rows as ledger_rows
 
-    url = ctx.ledger.url
-    table = load(sink, url)
+    ledger = ctx.owned_ledger
+    table = load(sink, ledger.url)
     if table is None:
         raise SpecError(f"Iceberg table {'.'.join(identifier(sink))} of sink '{sink.name}' does not exist.",
                         fix="Run `microbatch migrate`, which creates it from the spec.")
     folder = f"{location(sink).rstrip('/')}/data/microbatch-{ctx.batch_id}-reland{ctx.number}"
-    stage_ctx = StageContext(ctx.pipeline, ctx.pipeline_id, ctx.pipeline_uid, ctx.batch_id, ctx.attempt, ctx.ranges)
-    files = checked_files(rows, sink, folder, stage_ctx)
+    files = checked_files(rows, sink, folder, ctx)
     properties = {SUMMARY_KEY: reland_metadata(owner, ctx)}
     with table.transaction() as tx:
         tx.delete(delete_filter=ranges_filter(ctx.ranges), snapshot_properties=properties)
@@ -551,7 +550,7 @@ def reland(rows: DataFrame, sink: IcebergSink, owner: Owner, ctx: RelandContext)
     snapshot = table.current_snapshot()
     assert snapshot is not None, "the reland's transaction made a snapshot"
     added = int((snapshot.summary or {}).get("added-records") or 0)
-    with ctx.ledger.transaction() as session:
+    with ledger.transaction() as session:
         ledger_rows.record_reland(session, ctx.batch_id, sink.name, snapshot.snapshot_id, added)
     return TableWrite(location(sink), snapshot.snapshot_id, added, ctx.attempt, True)
 
