@@ -859,42 +859,45 @@ def verify(pipeline: str, as_json: JsonFlag = False) -> None:
 @app.command()
 def reland(
     pipeline: str,
-    sink: Annotated[str, typer.Argument(help="The append sink (a Postgres or lakehouse append table) to land into.")],
+    sinks: Annotated[list[str], typer.Argument(
+        help="The append sink(s) (a Postgres or lakehouse append table) to land into, each on its own.")],
     batch: Annotated[list[int] | None, typer.Option(
         "--batch", help="A committed batch to land again (repeatable); default: those verify names.")] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the batches; write nothing.")] = False,
 ) -> None:
-    """Land committed batches again into ONE append sink whose table lost their rows: each batch's committed ranges
+    """Land committed batches again into an append sink whose table lost their rows: each batch's committed ranges
     are read and transformed as its stage did, and replace the rows of those ranges in that sink in one table commit,
-    recorded in the ledger. Other sinks, offsets and state are untouched."""
+    recorded in the ledger. Sinks not named, offsets and state are untouched."""
     from microbatch.config import find_spec
     from microbatch.ledger.database import transaction
     from microbatch.phases.audit import audit_rows
     from microbatch.phases.reland import reland_batches, relandable
 
     spec = find_spec(pipeline)
-    target = relandable(spec, sink)
+    targets = {sink: relandable(spec, sink) for sink in dict.fromkeys(sinks)}
     with transaction(_ledger_url()) as session:
         pid = _pipeline_id(session, pipeline)
-        lost = audit_rows(session, pipeline, pid, {sink: target}).lost.get(sink, [])
-    chosen = sorted(set(batch)) if batch else lost
-    if not chosen:
-        console.print(f"{pipeline}: sink {sink} holds the rows of every committed batch; nothing to reland")
-        return
-    console.print(f"{pipeline}: relanding {len(chosen)} batch(es) into {sink}: {', '.join(map(str, chosen))}")
-    if dry_run:
+        lost = audit_rows(session, pipeline, pid, targets).lost
+    chosen = {sink: sorted(set(batch)) if batch else lost.get(sink, []) for sink in targets}
+    for sink, batches in chosen.items():
+        console.print(f"{pipeline}: relanding {len(batches)} batch(es) into {sink}: {', '.join(map(str, batches))}"
+                      if batches else f"{pipeline}: sink {sink} holds the rows of every committed batch; nothing to "
+                      "reland")
+    if dry_run or not any(chosen.values()):
         return
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     logging.getLogger("py4j").setLevel(logging.WARNING)
     with _reland_session(spec) as spark:
-        done = reland_batches(spark, spec, target, chosen, _ledger(), _kafka())
-    for one in done:
-        version = f" as version {one.version}" if one.version is not None else ""
-        console.print(f"  batch {one.batch_id}: {one.rows} rows landed in {sink}{version} ({one.seconds:.1f}s)")
+        for sink, batches in chosen.items():
+            for one in reland_batches(spark, spec, targets[sink], batches, _ledger(), _kafka()):
+                version = f" as version {one.version}" if one.version is not None else ""
+                console.print(f"  batch {one.batch_id}: {one.rows} rows landed in {sink}{version} ({one.seconds:.1f}s)")
     with transaction(_ledger_url()) as session:
-        left = audit_rows(session, pipeline, pid, {sink: target}).lost.get(sink, [])
-    console.print(f"{pipeline}: sink {sink} " + (f"still differs from the ledger in batches {left}" if left else
-                                                  "now holds the rows the ledger committed for every batch"))
+        left = audit_rows(session, pipeline, pid, targets).lost
+    for sink in targets:
+        console.print(f"{pipeline}: sink {sink} " + (f"still differs from the ledger in batches {left[sink]}"
+                                                      if left.get(sink) else
+                                                      "now holds the rows the ledger committed for every batch"))
     if left:
         raise typer.Exit(1)
 
