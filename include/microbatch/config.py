@@ -436,6 +436,11 @@ class SinkModel(_Strict):
         """An upsert keyed by the record key (`keys_from: record_key`): its tombstones are deletes of their keys."""
         return getattr(self, "keys_from", "columns") == "record_key"
 
+    @property
+    def keeps_tombstones(self) -> bool:
+        """An append sink that keeps each tombstone as a row (`keep_tombstones`)."""
+        return bool(getattr(self, "keep_tombstones", False))
+
 
 def _check_columns(columns: dict[str, str]) -> dict[str, str]:
     for name in columns:
@@ -617,6 +622,10 @@ class PostgresAppendSink(_RowSink):
     of the ranges it recomputes."""
 
     type: Literal["postgres_append"]
+    keep_tombstones: bool = False
+    """Keep each tombstone (a key with a null value) as a row: the record's coordinates, the columns named as the
+    decoded key's (`key_text`, `key_<field>`), every other column null; by default an append sink skips it
+    (docs/formats.md#tombstones)."""
 
     @property
     def published_columns(self) -> list[str] | None:
@@ -801,6 +810,10 @@ class DeltaSink(SinkModel):
     column `c_day` etc.)."""
     include_late: bool = True
     """Append mode: take records whose window was already final (a landing table takes every valid record)."""
+    keep_tombstones: bool = False
+    """Append mode: keep each tombstone (a key with a null value) as a row: the record's coordinates, the columns
+    named as the decoded key's (`key_text`, `key_<field>`), every other column null; by default an append sink skips
+    it (docs/formats.md#tombstones)."""
     keys_from: KEYS_FROM = "columns"
     """Upsert mode: `record_key` keys the table by the record key's columns, and a tombstone deletes its key."""
     keys: list[str] = Field(default_factory=list)
@@ -836,6 +849,9 @@ class DeltaSink(SinkModel):
                              "upsert")
         if "_deleted" in self.columns:
             raise ValueError("columns: '_deleted' is the upsert table's tombstone flag; rename the column")
+        if self.mode == "upsert" and self.keep_tombstones:
+            raise ValueError("keep_tombstones: an upsert table applies a tombstone as the delete of its key; keep them "
+                             "as rows in an append table (mode: append)")
         known = {*self.columns, *SOURCE_COORDINATES}
         if self.keys_from == "columns":
             _check_upsert_columns(self.keys, self.order_by, self.delete_column, self.columns, known=known)
@@ -894,6 +910,10 @@ class IcebergSink(SinkModel):
     table's partition spec (Iceberg's hidden partitioning, no extra column)."""
     include_late: bool = True
     """Take records whose window was already final (a landing table takes every valid record)."""
+    keep_tombstones: bool = False
+    """Keep each tombstone (a key with a null value) as a row: the record's coordinates, the columns named as the
+    decoded key's (`key_text`, `key_<field>`), every other column null; by default an append sink skips it
+    (docs/formats.md#tombstones)."""
     maintenance: LakeMaintenance = Field(default_factory=LakeMaintenance)
 
     @field_validator("name", "namespace", "table")
@@ -1224,6 +1244,11 @@ class PipelineSpec(_Strict):
     def record_keyed_sinks(self) -> list[str]:
         """The upsert sinks keyed by the record key, whose tombstones the platform stages as deletes."""
         return [s.name for s in self.sinks if s.keyed_by_record]
+
+    @property
+    def tombstone_sinks(self) -> list[str]:
+        """The sinks that take the tombstones: deletes of their keys (`record_keyed_sinks`), or kept as rows."""
+        return [s.name for s in self.sinks if s.keyed_by_record or s.keeps_tombstones]
 
     @property
     def group_id(self) -> str:

@@ -103,6 +103,8 @@ def write_spec(directory: Path, topic: str, amount_type: str, delta_upsert: bool
          "window": {"start": "window_start", "end": "window_end"},
          "sql": "SELECT window_start(ts) AS window_start, window_end(ts) AS window_end, merchant, "
                 "SUM(amount_cents) AS amount_cents FROM records GROUP BY 1, 2, merchant"},
+        {"name": "marked", "type": "postgres_append", "table": "marked", "keep_tombstones": True,  # the opt-in
+         "columns": {"payment_id": "text"}, "sql": "SELECT payment_id FROM records"},
     ]
     if delta_upsert:
         sinks.append({"name": "latest", "type": "delta", "mode": "upsert", "keys": ["merchant"],
@@ -195,6 +197,12 @@ def test_dead_letters_find_inspect_fix_reprocess_verify(service_env, topic, kafk
         oracle[(datetime.fromtimestamp(epoch - epoch % 60, tz=UTC), p.ip)] += p.amount
     assert sums == dict(oracle)
     assert remaining == not_json | future
+    with transaction(ledger_url) as session:
+        marked = dict(session.execute(text('SELECT (partition, "offset")::text, payment_id FROM marked')).all())
+    tombstones = {co for co, p in zip(coords, payments, strict=True) if p.tombstone}
+    assert len(tombstones) == 8 and {co for co, pid in marked.items() if pid is None} == {
+        f"({p},{o})" for p, o in tombstones}, "a sink that keeps tombstones holds each as a row of nulls"
+    assert len(marked) == len(valid) + len(tombstones)
     assert cli(env, "verify", PIPELINE).returncode == 0
 
     # A sink that cannot replay: the re-process is refused in one sentence, and nothing is written.

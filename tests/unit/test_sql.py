@@ -183,3 +183,17 @@ def test_an_event_time_read_from_an_epoch_number_or_a_pattern_loads(tmp_path, de
     spec = copy.deepcopy(SPEC)
     _ts_as(declared)(spec)
     assert load(tmp_path, spec).records_columns["ts"] in ("timestamp", "timestamp_ntz")
+
+
+def test_an_append_sink_may_keep_tombstones_and_an_upsert_may_not():
+    spec = copy.deepcopy(SPEC)
+    spec["sinks"][0]["keep_tombstones"] = True
+    loaded = PipelineSpec.model_validate(spec)
+    assert loaded.tombstone_sinks == ["log"] and loaded.record_keyed_sinks == []
+    from microbatch.sinks.registry import sinks_of
+
+    assert sinks_of(loaded)["log"].takes_tombstones and not sinks_of(loaded)["totals"].takes_tombstones
+    upsert = {"name": "latest", "type": "delta", "mode": "upsert", "keys": ["payment_id"], "keep_tombstones": True,
+              "columns": {"payment_id": "text"}, "sql": "SELECT payment_id FROM records"}
+    with pytest.raises(ValueError, match="keep_tombstones: an upsert table applies a tombstone"):
+        PipelineSpec.model_validate({**SPEC, "sinks": [upsert]})

@@ -66,12 +66,14 @@ def log_stage_summary(log: logging.Logger, result: StageResult) -> None:
     if result.decode:
         formats = result.decode.get("formats", {})
         deleted = result.decode.get("tombstones_deleted") or []
+        kept = result.decode.get("tombstones_kept") or []
+        rule = "; ".join(filter(None, [f"staged as deletes of their keys in {', '.join(deleted)}" if deleted else "",
+                                       f"kept as rows in {', '.join(kept)}" if kept else ""]))
         log.info("  decoded the key as %s and the value as %s in the read: %s record(s) did not decode (dead letters "
                  "with the reason), %s tombstone(s) %s",
                  formats.get("key", {}).get("format", "raw"), formats.get("value", {}).get("format", "raw"),
                  result.decode.get("undecodable", 0), result.decode.get("tombstones", 0),
-                 f"staged as deletes of their keys in {', '.join(deleted)}, skipped by every other sink" if deleted
-                 else "skipped (no sink is keyed by the record key)")
+                 f"{rule}, skipped by every other sink" if rule else "skipped (no sink is keyed by the record key)")
         for side, pins in formats.items():
             if "subject" in pins:
                 log.info("  %s: subject '%s', reader schema version %s (id %s), writer schema id(s) met %s", side,

@@ -408,7 +408,8 @@ def _stage_attempt(
             "formats": {side: fmt.pins(values) for side, fmt in zip(
                 ("key", "value"), current.formats or (spec.source.key_format, spec.source.value_format), strict=True)},
             "undecodable": undecodable, "tombstones": int(values.get("tombstones") or 0),
-            "tombstones_deleted": spec.record_keyed_sinks},
+            "tombstones_deleted": spec.record_keyed_sinks,
+            "tombstones_kept": [s for s in spec.tombstone_sinks if s not in spec.record_keyed_sinks]},
     )
 
 
@@ -430,7 +431,7 @@ class _ReadPass:
 
     @classmethod
     def of(cls, spec: PipelineSpec, source: DataFrame, current: _Attempt) -> _ReadPass:
-        apart = bool(spec.record_keyed_sinks)
+        apart = bool(spec.tombstone_sinks)
         decodes = spec.source.decodes or apart  # a record-keyed pipeline refuses a record without a key
         key, value = current.formats or (spec.source.key_format, spec.source.value_format)
         decoded = decoded_records(source, key, value, spec.record_keyed_sinks)

@@ -408,9 +408,10 @@ class Sink:
 
     @property
     def takes_tombstones(self) -> bool:
-        """An upsert sink keyed by the record key (`keys_from: record_key`): the stage adds to its rows the
-        batch's tombstones (`tombstone_rows`), which the job never sees."""
-        return self.spec.keyed_by_record
+        """An upsert sink keyed by the record key (`keys_from: record_key`), or an append sink that keeps them
+        (`keep_tombstones`): the stage adds to its rows the batch's tombstones (`tombstone_rows`), which the job
+        never sees."""
+        return self.spec.keyed_by_record or self.spec.keeps_tombstones
 
     def tombstone_rows(self, tombstones: DataFrame, like: DataFrame) -> DataFrame:
         """`takes_tombstones` sinks: the deletes of the keys of `tombstones` (records with a key and a null value,
@@ -420,6 +421,9 @@ class Sink:
         from pyspark.sql import functions as F
 
         spec: Any = self.spec
+        if not spec.keyed_by_record:  # kept as rows: the columns the tombstone has (its decoded key's), else null
+            return tombstones.select(*[(F.col(name) if name in tombstones.columns else F.lit(None))
+                                       .cast(like.schema[name].dataType).alias(name) for name in like.columns])
         special = {spec.order_by: F.col("timestamp"), spec.delete_column: F.lit(True)}
 
         def column(name: str) -> Any:
