@@ -20,6 +20,7 @@ from microbatch import settings
 from microbatch.airflow import hooks
 from microbatch.airflow.operators import STAGE_OPERATORS, LakeMaintenanceOperator, batch_id_list, resolved, task_errors
 from microbatch.config import PipelineSpec, find_spec
+from microbatch.errors import error_summary
 from microbatch.sinks.registry import maintained, publishing, sinks_of
 
 log = logging.getLogger("microbatch")
@@ -141,7 +142,7 @@ def _plan_task(spec: PipelineSpec) -> Callable[[], Any]:
 
         ledger = resolved(hooks.LedgerHook().get_conn)
         kafka = resolved(hooks.KafkaHook(spec.source.connection).get_conn)
-        with task_errors(ledger):
+        with task_errors(ledger, "The plan"):
             outcome = plan_next_batch(spec, ledger, kafka, context["run_id"], outputs=_output_clusters,
                                       registry=hooks.schema_registry)
         log_plan_summary(log, spec.name, outcome)
@@ -160,7 +161,7 @@ def _backfill_plan_task(spec: PipelineSpec) -> Callable[[], Any]:
 
         ledger = resolved(hooks.LedgerHook().get_conn)
         kafka = resolved(hooks.KafkaHook(spec.source.connection).get_conn)
-        with task_errors(ledger):
+        with task_errors(ledger, "The backfill's plan"):
             outcome = plan_backfill(spec, dict(context["params"]), ledger, kafka, context["run_id"],
                                     outputs=_output_clusters, registry=hooks.schema_registry)
         log_backfill_plan(log, spec.name, outcome)
@@ -198,11 +199,14 @@ def _commit_task(spec: PipelineSpec) -> Any:
         kafka = hooks.KafkaHook(spec.source.connection)  # resolved on first use only, then kept for the task
         summaries = []
         for batch_id in batch_id_list(batch_ids):
-            with task_errors(ledger), ledger.transaction() as session:
+            with task_errors(ledger, "The commit"), ledger.transaction() as session:
                 result = commit_batch(session, spec, batch_id, context.get("run_id"))
             AFTER_COMMIT.hit()
-            log_commit_summary(log, spec.name, result)
-            emit_committed(spec, result, ledger.url, lambda: resolved(kafka.get_conn).bootstrap_servers)
+            try:  # the batch is committed: what reports it never fails the task (a retry would find it committed)
+                log_commit_summary(log, spec.name, result)
+                emit_committed(spec, result, ledger.url, lambda: resolved(kafka.get_conn).bootstrap_servers)
+            except Exception as exc:
+                log.warning("batch %s is committed, but its report failed: %s", result.batch_id, error_summary(exc))
             if spec.source.commit_group_offsets and result.moves:
                 mirror_group_offsets(resolved(kafka.get_conn), spec.group_id, {m.tp: m.after for m in result.moves})
             summaries.append({
@@ -234,7 +238,7 @@ def _publish_task(spec: PipelineSpec) -> Any:
         summary = {}
         for sink in publishing(spec):
             kafka = resolved(clusters[sink.spec.connection].get_conn)
-            with task_errors(ledger):
+            with task_errors(ledger, "The publish"):
                 result = publish_sink(spec, sink.spec, ledger, kafka)
             log_publish_summary(log, spec.name, result)
             summary[sink.name] = {"first_seq": result.first_seq, "last_seq": result.last_seq,

@@ -22,7 +22,7 @@ from sqlalchemy.exc import OperationalError
 
 from microbatch.airflow import hooks
 from microbatch.config import PipelineSpec, encode_spec
-from microbatch.errors import MicrobatchError, TransientServiceError
+from microbatch.errors import MicrobatchError, TransientServiceError, error_summary
 from microbatch.ledger.database import Ledger
 from microbatch.runtime import PROJECT_ROOT, RUN_BATCH, library_zip, spark_jars
 from microbatch.settings import LEDGER_URL_ENV, KafkaSettings
@@ -67,9 +67,10 @@ microbatch's own lines say what was done."""
 
 
 @contextmanager
-def task_errors(ledger: Ledger) -> Iterator[None]:
+def task_errors(ledger: Ledger, step: str = "The task") -> Iterator[None]:
     """The frame of every task's work: client chatter kept out of the task log, and platform and
-    ledger-connection errors turned into one logged sentence and the right failure."""
+    ledger-connection errors turned into one logged sentence and the right failure; any other error named in one
+    sentence too (the `step`, the exception's type and own message), before Airflow logs its trace."""
     for name in CLIENT_LOGGERS:
         logging.getLogger(name).setLevel(logging.WARNING)
     try:
@@ -78,6 +79,10 @@ def task_errors(ledger: Ledger) -> Iterator[None]:
         fail(exc)
     except OperationalError as exc:
         fail(ledger.unreachable(exc))
+    except Exception as exc:
+        log.error("%s failed on an unexpected error: %s; its trace follows in this task's log.", step,
+                  error_summary(exc))
+        raise
 
 
 def resolved(resolve: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
@@ -206,7 +211,7 @@ class ConnectStageOperator(BaseOperator):
         kafka = resolved(hooks.KafkaHook(spec.source.connection).get_conn)
         remote = resolved(hooks.spark_remote, spec.spark.connection)
         resolved(reachable, remote, spec.spark.connection)
-        with task_errors(ledger), connect_client_scope():
+        with task_errors(ledger, "The stage"), connect_client_scope():
             spark = None
             try:
                 # The DAG's stage tasks share one warm server-side session (a new one per batch costs ~1 s).
