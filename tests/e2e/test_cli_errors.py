@@ -143,3 +143,45 @@ def test_a_failed_dag_run_prints_its_cause_and_where_the_log_is(service_env: dic
         assert lines[3] == f"full log: {path}", shown
         logged = path.read_text()
         assert cause in logged and "Traceback" in logged, logged[-3000:]  # Airflow's tracebacks: in the file only
+
+
+EPOCH_JOB = '''"""ip_count with its event time an epoch number: a job bug the stage refuses before writing."""
+from pyspark.sql import functions as F
+
+from spark_jobs.ip_count import IpCount
+
+
+class EpochMillis(IpCount):
+    def parse(self, records, options, state):
+        return super().parse(records, options, state).withColumn("event_time", F.unix_millis("event_time"))
+
+
+transform = EpochMillis()
+'''
+
+
+@pytest.mark.parametrize("mode", ["submit", "connect"])
+def test_a_terminal_error_fails_the_stage_at_once_in_both_spark_modes(service_env: dict[str, str], topic: str, kafka,
+                                                                      tmp_path: Path, mode: str) -> None:
+    """A terminal error (here a job whose event time is a number, refused by the stage before it writes) fails the
+    stage task in ONE try, under spark-submit (the driver exits 2) as on Spark Connect, where a retry would fail the
+    same way; the run prints the stage's one sentence."""
+    import yaml
+
+    jobs = tmp_path / "jobs"
+    jobs.mkdir()
+    (jobs / "epoch_job.py").write_text(EPOCH_JOB)
+    specs = write_test_spec(tmp_path / "pipelines", topic, 1000, spark_mode=mode, bootstrap=kafka.bootstrap_servers)
+    spec = yaml.safe_load((specs / "ip_count.yaml").read_text())
+    spec["job"]["transform"] = "epoch_job:transform"
+    (specs / "ip_count.yaml").write_text(yaml.safe_dump(spec))
+    produce_lines(kafka.bootstrap_servers, topic, generate_lines(100, seed=7))
+    env = {**service_env, "MICROBATCH_PIPELINES_DIR": str(specs),
+           "PYTHONPATH": os.pathsep.join([str(jobs), os.environ.get("PYTHONPATH", "")])}
+    result = _cli(env, ["run", "ip_count", "--max-runs", "1"], timeout=600)
+    shown = result.stdout + result.stderr
+    assert result.returncode == 1, shown
+    lines = result.stdout.splitlines()
+    assert "stage failed" in lines[1] and " tries" not in lines[1], shown  # one try: no "in N tries"
+    assert lines[2].startswith("error: ") and "ip_count: the job's event_time column is bigint, not a timestamp; " \
+        "nothing was written" in lines[2], shown
