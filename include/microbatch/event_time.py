@@ -104,3 +104,19 @@ def check_event_time_column(parsed: DataFrame, pipeline: str) -> None:
             f"{pipeline}: the job's {EVENT_TIME_COLUMN} column is {kind}, not a timestamp; nothing was written.",
             fix="Return a timestamp: for epoch milliseconds F.timestamp_millis(col), for seconds "
                 "F.timestamp_seconds(col), for a string F.to_timestamp(col, pattern).")
+
+
+def check_state_times(state: Mapping[str, Any], pipeline: str) -> None:
+    """Refuse (one `SpecError` sentence, before the stage reads or writes anything) a batch whose starting state holds
+    a time no table can hold (past year 9999): a watermark an older release let run away."""
+    from microbatch.errors import SpecError
+
+    for key in ("watermark_us", "max_event_time_us"):
+        value = state.get(key)
+        if value is not None and not -LAST_TIME_US <= int(value) <= LAST_TIME_US:
+            raise SpecError(
+                f"{pipeline}: the pipeline's {key.removesuffix('_us')} ({value} µs since 1970) is past year 9999, "
+                "which no table can hold; nothing was written.",
+                fix=f"Abandon the open batch (`microbatch history {pipeline}` names it), then `microbatch reset "
+                    f"{pipeline} --watermark clear`; `microbatch state {pipeline}` shows the state.")
+

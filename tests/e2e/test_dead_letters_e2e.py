@@ -203,6 +203,30 @@ def test_dead_letters_find_inspect_fix_reprocess_verify(service_env, topic, kafk
     assert len(tombstones) == 8 and {co for co, pid in marked.items() if pid is None} == {
         f"({p},{o})" for p, o in tombstones}, "a sink that keeps tombstones holds each as a row of nulls"
     assert len(marked) == len(valid) + len(tombstones)
+
+    # A watermark an older release let run away (issue 60): the stage refuses in one sentence before it writes; the
+    # operator abandons that batch and clears the watermark, on the record, and the pipeline goes on exactly once.
+    with transaction(ledger_url) as session:
+        session.execute(text("UPDATE pipelines SET state = state || CAST(:w AS jsonb) WHERE name = :n"),
+                        {"w": json.dumps({"watermark_us": 1_764_000_000_000_000_000}), "n": PIPELINE})
+    later = [payment(5000 + i, "m2", 100 + i, datetime.now(UTC).replace(microsecond=0)) for i in range(12)]
+    later_coords = produce_lines(kafka.bootstrap_servers, topic, later)
+    wedged = microbatch(env, "run", PIPELINE, "--max-runs", "1")
+    assert wedged.returncode == 1, wedged.stdout + wedged.stderr
+    assert "is past year 9999, which no table can hold; nothing was written" in wedged.stdout, wedged.stdout
+    assert "past year 9999" in microbatch(env, "state", PIPELINE).stdout
+    with transaction(ledger_url) as session:
+        (open_batch,) = session.execute(text("SELECT id FROM batches WHERE state IN ('planned', 'staged')")).scalars()
+    assert microbatch(env, "abandon", PIPELINE, str(open_batch), "--yes").returncode == 0
+    reset = microbatch(env, "reset", PIPELINE, "--watermark", "clear", "--yes")
+    assert reset.returncode == 0 and "applied and recorded" in reset.stdout, reset.stdout + reset.stderr
+    resumed = microbatch(env, "run", PIPELINE, "--max-runs", "3")
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    with transaction(ledger_url) as session:
+        landed = dict(session.execute(text('SELECT (partition, "offset")::text, payment_id FROM payments')).all())
+    assert len(landed) == len(valid) + len(later)
+    assert {landed[f"({p},{o})"] for p, o in later_coords} == {f"p{5000 + i}" for i in range(12)}
+    assert cli(env, "verify", PIPELINE).returncode == 0
     assert cli(env, "verify", PIPELINE).returncode == 0
 
     # A sink that cannot replay: the re-process is refused in one sentence, and nothing is written.

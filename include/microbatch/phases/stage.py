@@ -27,7 +27,7 @@ from sqlalchemy.exc import OperationalError
 from microbatch import failpoints
 from microbatch.config import PipelineSpec
 from microbatch.errors import DataLossError, MicrobatchError, SpecError, StageFailedError
-from microbatch.event_time import PLANNED_OPTION, check_event_time_column
+from microbatch.event_time import PLANNED_OPTION, check_event_time_column, check_state_times
 from microbatch.formats.base import Format
 from microbatch.kafka.offsets import offset_bounds, offsets_client
 from microbatch.kafka.security import spark_client_options
@@ -369,6 +369,7 @@ def _stage_attempt(
     for r in current.ranges:
         log.info("  read %s: %s records planned", r, r.size)
 
+    check_state_times(current.state_before, spec.name)
     job = load_job(spec)
     if not current.ranges:
         raise ValueError(f"batch {batch_id} has no ranges")
