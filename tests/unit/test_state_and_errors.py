@@ -44,3 +44,15 @@ def test_the_terminal_exit_of_a_driver_is_read_from_the_providers_message():
 def test_durations_read_as_words():
     assert [_duration_text(s) for s in (86_400, 172_800, 3600, 90, 60)] == [
         "1 day", "2 days", "1 hour", "90 seconds", "1 minute"]
+
+
+def test_a_starting_state_no_time_holds_is_refused_before_the_stage_writes():
+    from microbatch.event_time import check_state_times
+
+    check_state_times({"watermark_us": 1_795_939_200_000_000, "runs": 2}, "p")
+    check_state_times({}, "p")
+    with pytest.raises(SpecError) as refused:
+        check_state_times(WEDGED, "p")
+    assert str(refused.value).startswith("p: the pipeline's watermark (1764000000000000000 µs since 1970) is past "
+                                         "year 9999, which no table can hold; nothing was written.")
+    assert "microbatch reset p --watermark clear" in str(refused.value) and not refused.value.retryable
