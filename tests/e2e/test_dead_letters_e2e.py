@@ -11,7 +11,13 @@ with key and reason; `find` names the reason of one; the spec is fixed (`bigint`
 rows now, counted once in the aggregate, the one whose window was final when its batch began is a late record, the
 non-JSON records stay dead letters; every table equals the oracle computed here from the produced records, and
 `verify` passes. Then a sink that cannot replay (a Delta upsert) makes `reprocess` refuse in one sentence, and
-nothing is written."""
+nothing is written.
+
+Real topics' ways (issues 59, 60): `ts` is epoch milliseconds (`{type: timestamp, unit: ms}`); tombstones keyed by
+merchant are never dead letters, delete their merchant in a record-keyed upsert, are skipped by the other sinks and
+kept as rows by the one that opts in (`keep_tombstones`); a record stamped in the year 2999 is a dead letter that
+moves no watermark; the captures are published to a Kafka topic, each once; and a watermark forced past year 9999
+is refused by the stage before it writes, then cleared with `reset --watermark`, the run going on exactly once."""
 
 from __future__ import annotations
 
@@ -31,7 +37,7 @@ from sqlalchemy import text
 
 from microbatch.dev.datagen import produce_lines
 from microbatch.ledger.database import transaction
-from tests.e2e.helpers import cli, committed_batches, late_coordinates, recount, spark_section
+from tests.e2e.helpers import cli, committed_batches, late_coordinates, read_output, recount, spark_section
 from tests.e2e.test_delta_sink_e2e import dag_folder
 
 pytestmark = pytest.mark.e2e
@@ -91,6 +97,18 @@ def generate() -> list[Payment]:
     return out
 
 
+def latest_by_key(payments: list[Payment], coords: list[tuple[int, int]]) -> dict[str, tuple[str, int]]:
+    """The record-keyed upsert's oracle: per merchant (the record key) its last good payment in Kafka's order, a
+    tombstone deleting the merchant; not-JSON records and the one from 2999 are dead letters and take no part."""
+    table: dict[str, tuple[str, int]] = {}
+    for _, p in sorted(zip(coords, payments, strict=True), key=lambda item: item[0]):
+        if p.tombstone:
+            table.pop(p.ip, None)
+        elif p.json_ok:
+            table[p.ip] = (json.loads(p.value)["payment_id"], p.amount)
+    return table
+
+
 def write_spec(directory: Path, topic: str, amount_type: str, delta_upsert: bool = False) -> None:
     sinks = [
         {"name": "payments", "type": "postgres_append", "table": "payments",
@@ -105,6 +123,11 @@ def write_spec(directory: Path, topic: str, amount_type: str, delta_upsert: bool
                 "SUM(amount_cents) AS amount_cents FROM records GROUP BY 1, 2, merchant"},
         {"name": "marked", "type": "postgres_append", "table": "marked", "keep_tombstones": True,  # the opt-in
          "columns": {"payment_id": "text"}, "sql": "SELECT payment_id FROM records"},
+        {"name": "by_merchant", "type": "postgres_upsert", "table": "by_merchant", "keys_from": "record_key",
+         "columns": {"key_text": "text", "payment_id": "text", "amount_cents": "bigint"},
+         "sql": "SELECT key_text, payment_id, amount_cents FROM records"},  # a tombstone deletes its merchant
+        {"name": "captures", "type": "kafka", "topic": f"{topic}_captures", "source": "payments",
+         "key": "payment_id"},
     ]
     if delta_upsert:
         sinks.append({"name": "latest", "type": "delta", "mode": "upsert", "keys": ["merchant"],
@@ -112,7 +135,7 @@ def write_spec(directory: Path, topic: str, amount_type: str, delta_upsert: bool
                       "sql": "SELECT merchant, amount_cents FROM records"})
     spec = {
         "name": PIPELINE, "schedule": None,
-        "source": {"topics": [topic], "max_records_per_batch": 160, "commit_group_offsets": False,
+        "source": {"topics": [topic], "max_records_per_batch": 160, "commit_group_offsets": False, "key": "text",
                    "value": {"format": "json", "required": ["payment_id", "amount_cents", "ts"],
                              "fields": {"payment_id": "string", "merchant": "string", "amount_cents": amount_type,
                                         "ts": {"type": "timestamp", "unit": "ms"}}}},
@@ -227,7 +250,13 @@ def test_dead_letters_find_inspect_fix_reprocess_verify(service_env, topic, kafk
     assert len(landed) == len(valid) + len(later)
     assert {landed[f"({p},{o})"] for p, o in later_coords} == {f"p{5000 + i}" for i in range(12)}
     assert cli(env, "verify", PIPELINE).returncode == 0
-    assert cli(env, "verify", PIPELINE).returncode == 0
+    with transaction(ledger_url) as session:
+        by_merchant = {k: (pid, a) for k, pid, a in session.execute(text(
+            "SELECT key_text, payment_id, amount_cents FROM by_merchant"))}
+    assert by_merchant == latest_by_key([*payments, *later], [*coords, *later_coords])
+    published = sorted(value["payment_id"] for _, value in read_output(kafka.bootstrap_servers, f"{topic}_captures"))
+    assert published == sorted([*(json.loads(p.value)["payment_id"] for p in valid.values()),
+                                *(f"p{5000 + i}" for i in range(12))]), "each capture published once"
 
     # A sink that cannot replay: the re-process is refused in one sentence, and nothing is written.
     write_spec(specs, topic, "bigint", delta_upsert=True)
