@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 
 
 @dataclass(frozen=True, order=True)
@@ -182,3 +183,18 @@ class TableWrite:
     attempt: int
     """The attempt that wrote the version (an earlier one when this attempt found the batch already there)."""
     wrote: bool
+
+
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def micros_time(micros: int | None) -> datetime | None:
+    """A time of the pipeline state (microseconds since the epoch) as an exact UTC datetime; None when there is none
+    or no datetime can hold it (past year 9999, as a runaway watermark)."""
+    if micros is None:
+        return None
+    try:
+        return EPOCH + timedelta(microseconds=int(micros))
+    except OverflowError:
+        return None
+

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import logging
-from datetime import UTC, datetime
 from typing import TYPE_CHECKING
+
+from microbatch.types import micros_time
 
 if TYPE_CHECKING:
     from microbatch.phases.backfill import BackfillOutcome
@@ -110,10 +111,8 @@ def _micros(value: int | None) -> str:
     """A state's time for the task log; one past year 9999 as its number (a log line never fails the task)."""
     if value is None:
         return "none"
-    try:
-        return datetime.fromtimestamp(value / 1_000_000, tz=UTC).isoformat()
-    except (ValueError, OverflowError, OSError):
-        return f"{value} µs since 1970 (past year 9999)"
+    moment = micros_time(value)
+    return moment.isoformat() if moment else f"{value} µs since 1970 (past year 9999)"
 
 
 def log_publish_summary(log: logging.Logger, pipeline: str, result: PublishResult) -> None:

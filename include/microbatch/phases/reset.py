@@ -12,7 +12,7 @@ confirmed moves. The CLI only takes the arguments, shows the plan and asks.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime
 from typing import Any, Literal
 
 from sqlalchemy.orm import Session
@@ -30,7 +30,7 @@ from microbatch.ledger import repository as repo
 from microbatch.ledger.database import Ledger
 from microbatch.ledger.state import reset_state
 from microbatch.settings import KafkaSettings
-from microbatch.types import TopicPartition
+from microbatch.types import TopicPartition, micros_time
 
 Target = Literal["earliest", "latest", "offset", "timestamp"]
 TARGETS: tuple[Target, ...] = ("earliest", "latest", "offset", "timestamp")
@@ -192,16 +192,15 @@ def parse_time(value: str) -> datetime:
 # --- the watermark (`microbatch reset --watermark`) ---------------------------------------------------------
 
 WATERMARK_KEYS = ("watermark_us", "max_event_time_us")
-EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 """The event-time part of a pipeline's state (`event_time.watermark_after`)."""
 
 
 def time_text(micros: Any) -> str:
     """A state's time (microseconds since the epoch) as ISO-8601 UTC; one past year 9999 as its number, said so."""
-    try:
-        return (EPOCH + timedelta(microseconds=int(micros))).isoformat().replace("+00:00", "Z")
-    except (ValueError, OverflowError, OSError, TypeError):
+    moment = micros_time(micros)
+    if moment is None:
         return f"{micros} µs since 1970 (past year 9999: no time can hold it)"
+    return moment.isoformat().replace("+00:00", "Z")
 
 
 def watermark_state(state: dict[str, Any], target: str) -> dict[str, Any]:

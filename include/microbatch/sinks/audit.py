@@ -19,6 +19,14 @@ if TYPE_CHECKING:
     import pyarrow as pa
 
 
+def no_coordinates() -> pa.Table:
+    """The coordinates of a table that has no rows (or no table): what `count_in_ranges` counts nothing in."""
+    import pyarrow as pa
+
+    return pa.table({"topic": pa.array([], pa.string()), "partition": pa.array([], pa.int32()),
+                     "offset": pa.array([], pa.int64())})
+
+
 def count_in_ranges(coordinates: pa.Table, ranges: Mapping[int, Sequence[OffsetRange]]) -> dict[int, int]:
     """The rows of `coordinates` (columns topic, partition, offset) in each batch's ranges: {batch: rows}."""
     import numpy as np

@@ -32,7 +32,7 @@ import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import sqlalchemy as sa
@@ -46,7 +46,7 @@ from microbatch.config import SOURCE_COORDINATES, PipelineSpec, SinkSpec
 from microbatch.errors import MicrobatchError
 from microbatch.ledger.fragments import staged_rows
 from microbatch.ledger.lake import table_write
-from microbatch.types import OffsetRange, TableWrite
+from microbatch.types import OffsetRange, TableWrite, micros_time
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -113,15 +113,14 @@ def watermark_timestamp(micros: int | None) -> datetime | None:
     no time can hold (past year 9999) is one sentence, with the way out."""
     if micros is None:
         return None
-    try:
-        return datetime.fromtimestamp(micros / 1_000_000, tz=UTC)
-    except (ValueError, OverflowError, OSError):
+    moment = micros_time(micros)
+    if moment is None:
         raise MicrobatchError(
             f"The pipeline's watermark ({micros} µs since 1970) is past year 9999, which no table can hold; nothing "
             "was committed.",
             fix="`microbatch state PIPELINE` shows it; abandon the open batch, then `microbatch reset PIPELINE "
-                "--watermark clear` (the event time column must be a timestamp: `unit: ms` for epoch milliseconds).",
-        ) from None
+                "--watermark clear` (the event time column must be a timestamp: `unit: ms` for epoch milliseconds).")
+    return moment
 
 
 @dataclass(frozen=True)

@@ -51,7 +51,7 @@ from microbatch.ledger import lake
 from microbatch.ledger import repository as repo
 from microbatch.ledger.models import OPEN_STATES, BatchState
 from microbatch.runtime import cache_dir
-from microbatch.sinks.audit import count_in_ranges
+from microbatch.sinks.audit import count_in_ranges, no_coordinates
 from microbatch.sinks.base import (
     AFTER_LAKE_COMMIT,
     BEFORE_LAKE_COMMIT,
@@ -340,12 +340,9 @@ def write_batch(df: DataFrame, sink: DeltaSink, owner: Owner, batch_id: int, att
 
 def coordinates(loc: str) -> Any:
     """The source coordinates of every row of the table at `loc`, as Arrow (none if it has no table)."""
-    import pyarrow as pa
-
     table = existing_table(loc)
     if table is None:
-        return pa.table({"topic": pa.array([], pa.string()), "partition": pa.array([], pa.int32()),
-                         "offset": pa.array([], pa.int64())})
+        return no_coordinates()
     return table.to_pyarrow_table(columns=list(COORDINATE_TYPES))
 
 

@@ -47,7 +47,7 @@ from microbatch.ledger import repository as repo
 from microbatch.ledger.database import Ledger
 from microbatch.ledger.models import OPEN_STATES, BatchState
 from microbatch.settings import ledger_url as configured_ledger_url
-from microbatch.sinks.audit import count_in_ranges
+from microbatch.sinks.audit import count_in_ranges, no_coordinates
 from microbatch.sinks.base import (
     AFTER_LAKE_COMMIT,
     BEFORE_LAKE_COMMIT,
@@ -509,16 +509,9 @@ def write_batch(rows: DataFrame, sink: IcebergSink, owner: Owner, ctx: StageCont
 
 def coordinates(table: Table | None) -> Any:
     """The source coordinates of every row of the table, as Arrow (none for no table, or no snapshot)."""
-    import pyarrow as pa
-
-    empty = pa.table({"topic": pa.array([], pa.string()), "partition": pa.array([], pa.int32()),
-                      "offset": pa.array([], pa.int64())})
     if table is None or table.current_snapshot() is None:
-        return empty
-    try:
-        return table.scan(selected_fields=tuple(COORDINATES)).to_arrow()
-    except pa.ArrowInvalid:  # a snapshot without data files (pyarrow: "Must pass at least one table")
-        return empty
+        return no_coordinates()
+    return table.scan(selected_fields=tuple(COORDINATES)).to_arrow()
 
 
 def ranges_filter(ranges: Sequence[OffsetRange]) -> Any:
