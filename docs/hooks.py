@@ -7,7 +7,7 @@ Each generated part sits between two markers, and only what lies between them is
 - `<!-- generated: spec-reference -->` ... `<!-- end generated: spec-reference -->`: the pipeline spec reference,
   one table per model of `PipelineSpec.model_json_schema()` (what `microbatch schema` prints), with field, type,
   default and description. A field without a description in the schema takes its attribute docstring in
-  `config.py`.
+  `config/`.
 - `<!-- generated: cli-reference -->` ... `<!-- end generated: cli-reference -->`: the CLI reference, every command
   of the Typer app, read from its click command tree (usage, arguments and options with their help, defaults and
   bounds).
@@ -238,7 +238,7 @@ def _refs(schema: dict) -> list[tuple[str, str]]:
 
 
 def _model_class(name: str) -> type | None:
-    """The pydantic class of a schema model: in `config.py`, or a format's in `formats/`."""
+    """The pydantic class of a schema model: in `config/`, or a format's in `formats/`."""
     from microbatch import config
     from microbatch.formats import json as json_format
     from microbatch.formats import registry
