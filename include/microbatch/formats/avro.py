@@ -37,6 +37,8 @@ from microbatch.formats.sql_types import parse_type
 if TYPE_CHECKING:
     from pyspark.sql import Column
 
+    from microbatch.formats.inference import Sample, SampledSide
+
 HEADER_BYTES = 5
 """The Confluent wire format's header: the magic byte 0 and the writer schema's id."""
 DECODED_MARK = "__microbatch_decoded"
@@ -101,6 +103,25 @@ class AvroFormat(Format[AvroSpec]):
     spec_model = AvroSpec
     declares_names = True
     uses_registry: ClassVar[bool] = True
+    guess_rank = 0
+
+    @classmethod
+    def looks_like(cls, sample: Sample) -> bool:
+        """Every non-null value starts with the magic byte 0 and a schema id, as the Confluent wire format does."""
+        return bool(sample.present) and all(len(d) >= HEADER_BYTES and d[0] == 0 for d in sample.present)
+
+    @classmethod
+    def infer(cls, sample: Sample) -> SampledSide:
+        """The fields of the subject's latest schema (`sampled_fields`); raw (the bytes kept) when there is none
+        (no registry configured, or no such subject)."""
+        from microbatch.formats.raw import RawFormat
+
+        schema = sample.latest_schema() if sample.latest_schema is not None else None
+        if schema is None:
+            return RawFormat.kept(sample, "raw: every one starts as Avro in the Confluent wire format does, but no "
+                                  "schema registry answered for its subject; set MICROBATCH_SCHEMA_REGISTRY_URL to "
+                                  "read it as avro")
+        return sampled_fields(sample, schema, cls.name)
 
     def __init__(self, spec: AvroSpec, schemas: RegistrySchemas | None = None) -> None:
         super().__init__(spec)
@@ -320,3 +341,36 @@ def field_problem(spec: AvroSpec, reader: str, side: str, subject: str, version:
             return (f"{side}.fields.{name}: the field '{avro_name}' of {where} reads as {actual}, not "
                     f"{declared.type}; declare `{name}: {actual}`")
     return None
+
+
+def sampled_fields(sample: Sample, schema: str, fmt: str) -> SampledSide:
+    """The format `fmt` (avro) of a side whose subject's latest schema is `schema`: each top-level field that has a
+    column type (`reader_fields`), under a snake_case name; nested records, arrays and maps go to the sink as JSON
+    text."""
+    from microbatch.formats.inference import INFER_RESERVED, SampledColumn, SampledSide, quote_sql, snake_case, unique
+
+    side = sample.side
+    fields: dict[str, Any] = {}
+    columns: list[SampledColumn] = []
+    skipped: list[str] = []
+    prefix = "" if side == "value" else "key_"
+    for avro_name, spark in reader_fields(schema).items():
+        if spark.startswith("!"):
+            skipped.append(avro_name)
+            continue
+        field = snake_case(avro_name)
+        if field in INFER_RESERVED:
+            field = f"payload_{field}"
+        field = unique(field, {name.removeprefix(prefix) for name in sample.records} | set(fields))
+        column = f"{prefix}{field}"
+        sample.records.add(column)
+        fields[field] = spark if field == avro_name else {"type": spark, "from": avro_name}
+        if spark.startswith(("struct", "array", "map")):
+            columns.append(SampledColumn(column, "string", f"to_json({quote_sql(column)})",
+                                         f"{side}.{avro_name} ({spark}, as JSON text)"))
+        else:
+            columns.append(SampledColumn(column, spark, quote_sql(column), f"{side}.{avro_name} ({spark})"))
+    summary = f"{fmt}: the Confluent wire format; {len(fields)} field(s) of the subject's latest schema"
+    if skipped:
+        summary += f" ({', '.join(skipped)} left out: no column type; read them in a Python job)"
+    return SampledSide(fmt, {"format": fmt, "fields": fields}, tuple(columns), summary)

@@ -6,6 +6,8 @@ decode runs in the same pass as the Kafka read, identically on classic Spark and
 RDD, no Python loop over rows). A format may also have a JVM decode (`on_jvm`): a Java function of the jar
 `runtime.formats_jar()` builds from include/jvm, used where the stage's Spark has that jar (`formats/jvm.py`), and
 equal to its built-in decode. `pins` says what a replay must hold fixed to decode the same bytes the same way.
+`looks_like` and `infer` answer `microbatch new --from-topic`: whether a sample of a topic is this format, and
+the side's spec and columns it gives (`formats/inference.py`).
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from pydantic import BaseModel, ConfigDict
 
 if TYPE_CHECKING:
     from pyspark.sql import Column
+
+    from microbatch.formats.inference import Sample, SampledSide
 
 
 class FormatSpec(BaseModel):
@@ -88,6 +92,9 @@ class Format(ABC, Generic[SpecT]):
     declares_names: ClassVar[bool] = False
     """True when the spec names the columns (a json format's fields), so a value's columns keep those names;
     false when the format names its one column itself (text's `text`, seen as `value_text`/`key_text`)."""
+    guess_rank: ClassVar[int]
+    """The order `new --from-topic` asks the formats whether a sample `looks_like` them, lowest first: the most
+    particular first, raw (any bytes) last."""
 
     def __init__(self, spec: SpecT) -> None:
         self.spec = spec
@@ -100,6 +107,17 @@ class Format(ABC, Generic[SpecT]):
     def decode(self, data: Column, subject: str) -> Decoded:
         """The decode of `data`, a binary column, as column expressions; `subject` ("key" or "value") opens each
         reason."""
+
+    @classmethod
+    def looks_like(cls, sample: Sample) -> bool:
+        """Whether the sample has a non-null value and every non-null one reads as this format."""
+        return False
+
+    @classmethod
+    def infer(cls, sample: Sample) -> SampledSide:
+        """The side's spec and columns a sample that `looks_like` this format gives; the decoded columns it names
+        are added to `sample.records`."""
+        raise NotImplementedError(f"the {cls.name} format infers nothing from a sample")
 
     def subject(self, side: str, topics: list[str]) -> str | None:
         """A registry format: the registry subject of `side` ("key" or "value") for a source of `topics`; None when

@@ -55,6 +55,8 @@ from microbatch.formats.sql_types import INTEGERS, SqlType
 if TYPE_CHECKING:
     from pyspark.sql import Column
 
+    from microbatch.formats.inference import Sample, SampledSide
+
 _NUMBERS = ("float", "double", "decimal")
 _TEXT = ("string", "date", "timestamp", "timestamp_ntz")
 """Types the fast path reads as text: from_json gives any JSON value's text, so the text must not be one a number,
@@ -193,6 +195,21 @@ class JsonFormat(Format[JsonSpec]):
     declares_names = True
     jvm: ClassVar[bool] = False
     """True in the class `on_jvm` gives: `decode` calls JsonDecoder.java."""
+    guess_rank = 1
+
+    @classmethod
+    def looks_like(cls, sample: Sample) -> bool:
+        """Every non-null value is a JSON object as Spark reads one (`formats/json_inference.py`)."""
+        from microbatch.formats import json_inference
+
+        return json_inference.all_objects(sample)
+
+    @classmethod
+    def infer(cls, sample: Sample) -> SampledSide:
+        """Fields typed across the sample, `required` where every object has them non-null."""
+        from microbatch.formats import json_inference
+
+        return json_inference.infer(sample, cls.name)
 
     def columns(self) -> dict[str, str]:
         return {name: field.type for name, field in self.spec.fields.items()}

@@ -13,6 +13,8 @@ from microbatch.formats.base import Decoded, Format, FormatSpec
 if TYPE_CHECKING:
     from pyspark.sql import Column
 
+    from microbatch.formats.inference import Sample, SampledSide
+
 TEXT_COLUMN = "text"
 
 
@@ -25,6 +27,7 @@ class TextSpec(FormatSpec):
 class TextFormat(Format[TextSpec]):
     name = "text"
     spec_model = TextSpec
+    guess_rank = 2
 
     def columns(self) -> dict[str, str]:
         return {TEXT_COLUMN: "string"}
@@ -35,3 +38,24 @@ class TextFormat(Format[TextSpec]):
         valid = F.is_valid_utf8(data)
         return Decoded(columns={TEXT_COLUMN: F.when(valid, data.cast("string"))},
                        reason=F.when(data.isNotNull() & ~valid, F.lit(f"{subject} is not valid UTF-8")))
+
+    @classmethod
+    def looks_like(cls, sample: Sample) -> bool:
+        """Every non-null value is UTF-8."""
+        try:
+            for data in sample.present:
+                data.decode("utf-8")
+        except UnicodeDecodeError:
+            return False
+        return bool(sample.present)
+
+    @classmethod
+    def infer(cls, sample: Sample) -> SampledSide:
+        """One column of the text, `value_text` or `key_text`."""
+        from microbatch.formats.inference import SampledColumn, SampledSide
+
+        side = sample.side
+        name = f"{side}_{TEXT_COLUMN}"
+        sample.records.add(name)
+        column = SampledColumn(name, "string", name, f"{side} (UTF-8 text)")
+        return SampledSide(cls.name, {"format": cls.name}, (column,), f"text: UTF-8, not all JSON objects, into {name}")
