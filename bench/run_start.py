@@ -24,7 +24,7 @@ from common import PYTHON, ROOT, local_stack, machine, median, print_table, repr
 
 from microbatch.dev.kafka import create_topic
 
-FULL_BUNDLE = ("import sys; import microbatch.runner as r; r.serve_only_the_current_task_api = lambda: None; "
+FULL_BUNDLE = ("import sys; import microbatch.airflow.runner as r; r.serve_only_the_current_task_api = lambda: None; "
                "from microbatch.cli import main; sys.argv[0] = 'microbatch'; main()")
 WAYS = {"as shipped": ["-m", "microbatch.cli"], "Airflow's full bundle": ["-c", FULL_BUNDLE]}
 

@@ -20,10 +20,10 @@ from typing import Any
 import yaml
 from sqlalchemy import text
 
+from microbatch.airflow.runner import MIGRATED_MARKER
 from microbatch.dev.datagen import LogLine
 from microbatch.dev.kafka import create_topic
 from microbatch.ledger.database import transaction
-from microbatch.runner import MIGRATED_MARKER
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -338,7 +338,7 @@ _MIGRATED_DB: list[Path] = []
 
 def migrated_airflow_home(home: Path) -> Path:
     """A new Airflow home holding a copy of a metadata DB that `airflow db migrate` made once per test session
-    (marked migrated, as `microbatch.runner.metadata_db` marks the homes it migrates), instead of ~14 s of
+    (marked migrated, as `microbatch.airflow.runner.metadata_db` marks the homes it migrates), instead of ~14 s of
     migrations per home. The shipped path, migrating a fresh home, is the session's own home's and `make demo`'s."""
     if not _MIGRATED_DB:
         template = Path(tempfile.mkdtemp(prefix="microbatch-airflow-template-"))

@@ -12,7 +12,7 @@ ROUTES = """
 import json, re, sys
 from pydantic import BaseModel
 if sys.argv[1] == "current":
-    from microbatch.runner import serve_only_the_current_task_api
+    from microbatch.airflow.runner import serve_only_the_current_task_api
     serve_only_the_current_task_api()
 from airflow.api_fastapi.execution_api.app import create_task_execution_api_app
 from airflow.api_fastapi.execution_api.versions import bundle

@@ -13,8 +13,8 @@ import pytest
 import typer
 
 from microbatch import cli
+from microbatch.airflow.runner import RunOutcome
 from microbatch.errors import MicrobatchError
-from microbatch.runner import RunOutcome
 
 FAILED = RunOutcome("manual__2", "failed", {"plan": "success", "stage": "failed", "commit": "upstream_failed"},
                     {"plan": 0.42, "stage": 3.25})
@@ -128,8 +128,8 @@ def test_an_error_that_stops_the_runs_is_one_sentence_its_traceback_in_the_file(
 def test_run_announces_its_log_file_and_exits_1_when_the_last_run_failed(tmp_path: Path,
                                                                          monkeypatch: pytest.MonkeyPatch,
                                                                          capfd: pytest.CaptureFixture[str]):
+    import microbatch.airflow.runner
     import microbatch.config
-    import microbatch.runner
 
     def runs(pipeline: str, max_runs: int, on_outcome) -> list[RunOutcome]:
         assert (pipeline, max_runs) == ("ip_count", 5)
@@ -139,7 +139,7 @@ def test_run_announces_its_log_file_and_exits_1_when_the_last_run_failed(tmp_pat
         return [FAILED]
 
     monkeypatch.setattr(microbatch.config, "find_spec", lambda name: None)
-    monkeypatch.setattr(microbatch.runner, "run_until_caught_up", runs)
+    monkeypatch.setattr(microbatch.airflow.runner, "run_until_caught_up", runs)
     monkeypatch.setenv("MICROBATCH_CACHE_DIR", str(tmp_path))
     with pytest.raises(typer.Exit) as failed:
         cli.run("ip_count", 5, None)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from microbatch.runner import task_seconds
+from microbatch.airflow.runner import task_seconds
 
 T0 = datetime(2026, 11, 27, 12, 0, tzinfo=UTC)
 
@@ -29,7 +29,7 @@ def test_prompt_polls_shortens_only_dag_tests_own_wait_and_restores_sleep():
 
     from airflow.sdk.definitions.dag import DAG
 
-    from microbatch.runner import prompt_polls
+    from microbatch.airflow.runner import prompt_polls
 
     source = inspect.getsource(DAG.test)
     assert "No tasks to run" in source and "time.sleep(1)" in source
