@@ -15,11 +15,10 @@ import argparse
 import logging
 import sys
 
-from pyspark.sql import SparkSession
-
 from microbatch.config import decode_spec, find_spec
 from microbatch.errors import MicrobatchError, StageFailedError
 from microbatch.sinks.registry import maintained
+from microbatch.spark_session import build_session
 
 log = logging.getLogger("microbatch.maintenance")
 
@@ -33,8 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("py4j").setLevel(logging.WARNING)
     try:
         spec = decode_spec(args.spec) if args.spec else find_spec(args.pipeline)
-        spark = SparkSession.builder.appName(f"microbatch-{spec.name}-maintenance").getOrCreate()
-        spark.sparkContext.setLogLevel("WARN")
+        spark = build_session(f"microbatch-{spec.name}-maintenance")
         for sink in maintained(spec):
             sink.maintain(spark)
         spark.stop()

@@ -15,14 +15,15 @@ import argparse
 import logging
 import sys
 
-from pyspark.sql import SparkSession
 from sqlalchemy.exc import OperationalError
 
 from microbatch import settings
 from microbatch.config import decode_spec, find_spec
 from microbatch.errors import MicrobatchError, SpecError, StageFailedError
 from microbatch.ledger.database import Ledger, unreachable
-from microbatch.phases.stage import quiet_pooled_group_warning, stage_batches
+from microbatch.phases.kafka_source import quiet_pooled_group_warning
+from microbatch.phases.stage import stage_batches
+from microbatch.spark_session import build_session
 
 log = logging.getLogger("microbatch.stage")
 
@@ -44,8 +45,7 @@ def main(argv: list[str] | None = None) -> int:
         ledger_url = settings.ledger_url()
         kafka = settings.kafka_settings()  # the bootstrap servers and security variables the stage task passed on
         batch_ids = [int(part) for part in str(args.batch_id).split(",") if part.strip()]
-        spark = SparkSession.builder.appName(f"microbatch-{spec.name}-batch-{args.batch_id}").getOrCreate()
-        spark.sparkContext.setLogLevel("WARN")
+        spark = build_session(f"microbatch-{spec.name}-batch-{args.batch_id}")
         quiet_pooled_group_warning(spark)
         log.info("Spark application id %s (master %s)", spark.sparkContext.applicationId, spark.sparkContext.master)
         stage_batches(spark, spec, batch_ids, Ledger(ledger_url), kafka, log)

@@ -1,6 +1,7 @@
 """The detached local stack of `make demo`, `make airflow`, `make connect` and `make registry`: which services
 run, on which ports, and how to stop every process they started. Each service is a module of its own beside
-this one (kafka.py, postgres.py, spark.py, registry.py, airflow.py); the jars come from `microbatch.runtime`.
+this one (kafka.py, postgres.py, spark.py, registry.py, airflow.py), finding and stopping their processes is
+stopping.py; the jars come from `microbatch.runtime`.
 
 `python -m microbatch.dev.stack up|connect|registry|down|clean|cluster|env|jars` manages a detached stack for the
 demo and the UI; `connect` adds a Spark Connect server for pipelines in `spark.mode: connect`, `registry` a schema
@@ -28,10 +29,22 @@ from microbatch.dev.postgres import DATABASE, LocalPostgres
 from microbatch.dev.process import port_open, wait_until
 from microbatch.dev.registry import PROCESS_MARKER, SchemaRegistry, answers
 from microbatch.dev.spark import SparkConnectServer
+from microbatch.dev.stopping import (
+    airflow_processes,
+    is_airflow,
+    processes_with_env,
+    runs,
+    spared_pids,
+    stop_group,
+    stop_processes,
+)
 from microbatch.runtime import JAR_KINDS, cache_dir, ensure_jars, formats_jar
 from microbatch.settings import SCHEMA_REGISTRY_URL_ENV, SPARK_REMOTE_ENV
 
 log = logging.getLogger(__name__)
+# The names the process helpers had here before they moved to dev/stopping.py.
+_runs, _stop_group, _is_airflow, _spared, _stop_processes = runs, stop_group, is_airflow, spared_pids, stop_processes
+_airflow_processes, _processes_with_env = airflow_processes, processes_with_env
 
 # The detached stack of `make demo` / `make airflow`.
 
@@ -116,18 +129,9 @@ def _mark_stack(state: dict) -> str:
     return stack_id
 
 
-def _runs(pid: int, marker: bytes) -> bool:
-    """Whether `pid` is alive and its command line holds `marker` (a recycled pid belongs to something else;
-    a zombie has an empty command line and counts as gone)."""
-    try:
-        return marker in Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return False
-
-
 def _is_connect_server(pid: int) -> bool:
     """Whether `pid` is still our Spark Connect server."""
-    return _runs(pid, b"SparkConnectServer")
+    return runs(pid, b"SparkConnectServer")
 
 
 def _connect_alive(state: dict) -> bool:
@@ -193,26 +197,12 @@ def restart_dead_connect(remote: str) -> bool:
 
 def _stop_connect(state: dict) -> None:
     """Stop the recorded Spark Connect server (its whole process group: spark-submit and the JVM)."""
-    _stop_group(state.get("connect_pid"), b"SparkConnectServer", "Spark Connect server")
-
-
-def _stop_group(pid: int | None, marker: bytes, what: str) -> None:
-    """SIGTERM the process group that `pid` leads while `pid` is still the process whose command line holds `marker`,
-    then SIGKILL it if it has not ended after 30 s."""
-    if not pid or not _runs(pid, marker):
-        return
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(pid, signal.SIGTERM)
-    try:
-        wait_until(lambda: not _runs(pid, marker), 30, f"{what} shutdown")
-    except RuntimeError:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(pid, signal.SIGKILL)
+    stop_group(state.get("connect_pid"), b"SparkConnectServer", "Spark Connect server")
 
 
 def _registry_alive(state: dict) -> bool:
     pid, port = state.get("registry_pid"), state.get("registry_port")
-    return bool(pid and port) and _runs(pid, PROCESS_MARKER) and port_open(port)
+    return bool(pid and port) and runs(pid, PROCESS_MARKER) and port_open(port)
 
 
 def registry() -> str:
@@ -242,7 +232,7 @@ def registry() -> str:
 
 def _stop_registry(state: dict) -> None:
     """Stop the recorded schema registry (its process group: the JVM leads it)."""
-    _stop_group(state.get("registry_pid"), PROCESS_MARKER, "schema registry")
+    stop_group(state.get("registry_pid"), PROCESS_MARKER, "schema registry")
 
 
 def record_airflow() -> None:
@@ -262,7 +252,7 @@ def down() -> None:
     Connect server, the schema registry, Kafka and PostgreSQL, then any process left that carries the stack's id.
     Guarantees that no process of the stack runs when it returns (SIGTERM first, SIGKILL after a timeout)."""
     state = _load_state()
-    stopped = _stop_processes(_airflow_processes(state), timeout=30)
+    stopped = stop_processes(airflow_processes(state), timeout=30)
     if stopped:
         print(f"airflow standalone stopped ({stopped} processes)")
     if not state:
@@ -273,7 +263,7 @@ def down() -> None:
         _stop_kafka_and_postgres(state)
     # Whatever left the trees above (a spark-submit orphaned by a killed task, a stray backend) goes too.
     if state.get("stack_id"):
-        _stop_processes(_processes_with_env({STACK_ID_ENV: state["stack_id"]}), timeout=20)
+        stop_processes(processes_with_env({STACK_ID_ENV: state["stack_id"]}), timeout=20)
     # The ports stay recorded, so the next `up`/`connect` reuses the exported addresses.
     _save_state({key: value for key, value in state.items()
                  if key not in ("connect_pid", "registry_pid", *_AIRFLOW_KEYS)}
@@ -309,111 +299,13 @@ def clean() -> None:
               "records their batches")
 
 
-def _is_airflow(cmdline: list[str]) -> bool:
-    """Whether a command line is an Airflow command: `airflow ...`, `python .../airflow ...`, or a title that
-    an Airflow component set for itself ("airflow scheduler -- ...", "airflow worker -- LocalExecutor")."""
-    words = " ".join(cmdline[:2]).split()
-    if not words:
-        return False
-    if Path(words[0]).name == "airflow":
-        return True
-    return Path(words[0]).name.startswith("python") and len(words) > 1 and Path(words[1]).name == "airflow"
-
-
-def _spared() -> set[int]:
-    """This process and its ancestors: `down` may run from a shell or a task of the stack itself."""
-    import psutil
-
-    me = psutil.Process()
-    return {me.pid, *(parent.pid for parent in me.parents())}
-
-
-def _airflow_processes(state: dict) -> list:
-    """The recorded `airflow standalone` and every Airflow process of the stack, each with all its descendants.
-
-    An Airflow component writes its title over its environment (setproctitle), so one that outlived its
-    parent is recognised by its process group (standalone's, which its components keep) and its title. An
-    Airflow process with the stack's AIRFLOW_HOME in its environment counts too: a standalone that was
-    started before standalones were recorded."""
-    import psutil
-
-    roots: list[psutil.Process] = []
-    started = state.get("airflow_started", 0)
-    with contextlib.suppress(psutil.Error):
-        recorded = psutil.Process(state.get("airflow_pid") or 0)
-        if abs(recorded.create_time() - started) < 1 and _is_airflow(recorded.cmdline()):
-            roots.append(recorded)
-    pgid = state.get("airflow_pgid")
-    home = str(state.get("airflow_home") or cache_dir() / "airflow")
-    for proc in psutil.process_iter():
-        try:
-            if not _is_airflow(proc.cmdline()):
-                continue
-            in_group = bool(pgid) and os.getpgid(proc.pid) == pgid and proc.create_time() >= started - 1
-            if in_group or proc.environ().get("AIRFLOW_HOME") == home:
-                roots.append(proc)
-        except (psutil.Error, ProcessLookupError):  # gone, or another user's
-            continue
-    found: dict[int, psutil.Process] = {}
-    for root in roots:
-        with contextlib.suppress(psutil.Error):
-            found.update({p.pid: p for p in (root, *root.children(recursive=True))})
-    spared = _spared()
-    return [proc for pid, proc in found.items() if pid not in spared]
-
-
-def _processes_with_env(match: dict[str, str]) -> list:
-    """The processes (but this one and its ancestors) whose environment has every `match` item."""
-    import psutil
-
-    spared = _spared()
-    found = []
-    for proc in psutil.process_iter():
-        if proc.pid in spared:
-            continue
-        try:
-            env = proc.environ()
-        except psutil.Error:  # gone, or another user's
-            continue
-        if all(env.get(key) == value for key, value in match.items()):
-            found.append(proc)
-    return found
-
-
-def _stop_processes(procs: list, timeout: float) -> int:
-    """SIGTERM `procs`, then SIGKILL those still running after `timeout` seconds; return how many there were.
-    A zombie counts as stopped: it holds no resource but its pid until its parent reaps it."""
-    import psutil
-
-    def running(proc: psutil.Process) -> bool:
-        try:
-            return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
-        except psutil.Error:
-            return False
-
-    procs = [proc for proc in procs if running(proc)]
-    count = len(procs)
-    for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGKILL, 10)):
-        procs = [proc for proc in procs if running(proc)]
-        for proc in procs:
-            with contextlib.suppress(psutil.Error):
-                proc.send_signal(sig)  # psutil refuses a pid that was reused since `proc` was found
-        deadline = time.monotonic() + wait
-        while any(running(proc) for proc in procs) and time.monotonic() < deadline:
-            time.sleep(0.2)
-    left = [proc.pid for proc in procs if running(proc)]
-    if left:
-        log.warning("processes %s did not exit after SIGKILL", left)
-    return count
-
-
 def _stop_kafka_and_postgres(state: dict) -> None:
     pid = state.get("kafka_pid")
-    if pid and _runs(pid, b"kafka.Kafka"):
+    if pid and runs(pid, b"kafka.Kafka"):
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGTERM)
         try:  # the JVM, not only its port: it still writes its log after it stops listening
-            wait_until(lambda: not _runs(pid, b"kafka.Kafka"), 30, "Kafka shutdown")
+            wait_until(lambda: not runs(pid, b"kafka.Kafka"), 30, "Kafka shutdown")
         except RuntimeError:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)

@@ -27,17 +27,9 @@ from microbatch.ledger import repository as repo
 from microbatch.ledger import rows as ledger_rows
 from microbatch.ledger.database import Ledger
 from microbatch.phases.pins import bound_formats, registry_sides
-from microbatch.phases.stage import (
-    _Attempt,
-    _job_outputs,
-    _kafka_records,
-    _ReadPass,
-    _sink_rows,
-    jdbc_options,
-    keep_observed_metrics,
-    load_job,
-)
-from microbatch.phases.stage_records import write_staging
+from microbatch.phases.stage_job import job_outputs, load_job, sink_output
+from microbatch.phases.stage_read import Attempt, read_attempt
+from microbatch.phases.stage_records import jdbc_options, write_staging
 from microbatch.settings import KafkaSettings
 from microbatch.sinks.base import RelandContext, Sink
 from microbatch.sinks.registry import sinks_of
@@ -97,22 +89,16 @@ def reland_batch(spark: SparkSession, spec: PipelineSpec, sink: Sink, batch_id: 
         formats = (spec.source.key_format, spec.source.value_format)
         if registry_sides(spec):
             formats = bound_formats(session, spec, batch_id, pipeline_id, whole.formats)
-        current = _Attempt(batch_id, whole.attempt, whole.ranges, dict(whole.state_before), False, pipeline_id,
-                           repo.pipeline_uid(session, pipeline_id), formats, whole.planned_us)
+        current = Attempt(batch_id, whole.attempt, whole.ranges, dict(whole.state_before), False, pipeline_id,
+                          repo.pipeline_uid(session, pipeline_id), formats, whole.planned_us)
         number = ledger_rows.reland_count(session, batch_id, sink.name) + 1
     log.info("reland of batch %s into %s (the %s): reading %s range(s), %s rows committed", batch_id, sink.name,
              f"#{number}", len(current.ranges), expected)
     job = load_job(spec)
-    source = _kafka_records(spark, spec, current.ranges, kafka)
-    read = _ReadPass.of(spec, source, current)
-    keep_observed_metrics(spark)
+    _, read = read_attempt(spark, spec, current, kafka)
     parsed = job.parse(read.for_job, current.parse_options(spec), current.state_before)
-    outputs = _job_outputs(job, parsed, spec.job_options, current.state_before, [sink])
-    assert sink.staging is not None
-    rows = _sink_rows(spec, sink, outputs[sink.name]).select(*sink.staging.columns)
-    if read.tombstones is not None and sink.takes_tombstones:
-        rows = rows.unionByName(sink.tombstone_rows(read.tombstones, rows))
-    rows = rows.persist()
+    outputs = job_outputs(job, parsed, spec.job_options, current.state_before, [sink])
+    rows = sink_output(spec, sink, outputs, read.tombstones).persist()
     handed = rows.count()
     if handed != expected:
         rows.unpersist()

@@ -3,7 +3,8 @@ and tagged (batch_id, attempt) like every staged row, and the exact number read 
 ledger records with `staged`.
 
 The stage calls these after the sinks have their rows, in the order of the code: `stage_bad_records`, then
-`count_records_read`. `write_staging` is the one way the stage appends to a staging table.
+`count_records_read`. `write_staging` is the one way the stage appends to a staging table, through pgjdbc
+(`jdbc_options`).
 """
 
 from __future__ import annotations
@@ -17,22 +18,37 @@ from typing import Any
 from pyspark import StorageLevel
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
+from sqlalchemy import make_url
 
 from microbatch.config import SOURCE_COORDINATES
 from microbatch.errors import StageFailedError
 from microbatch.formats import jvm
 from microbatch.formats.base import Format
 from microbatch.formats.record import decode_record, select_decoded
+from microbatch.ledger.database import Ledger
 from microbatch.transform import ERROR_COLUMN, HEADERS_COLUMN, LATE_COLUMN
 from microbatch.types import OffsetRange, TopicPartition
 
 log = logging.getLogger("microbatch.phases.stage.records")  # a line of the stage's own log
 PARTITION_COUNTER = "records_{}"
-"""The name of the read's counter of the i-th source partition (`stage.read_metrics`, `records_by_partition`)."""
+"""The name of the read's counter of the i-th source partition (`read_metrics`, `records_by_partition`)."""
+
+
+def jdbc_options(ledger: Ledger) -> dict[str, str]:
+    """pgjdbc options for the ledger database; the password travels only as an option."""
+    url = make_url(ledger.url)
+    return {
+        "url": f"jdbc:postgresql://{url.host or '127.0.0.1'}:{url.port or 5432}/{url.database}"
+        "?reWriteBatchedInserts=true",
+        "user": url.username or "",
+        "password": url.password or "",
+        "driver": "org.postgresql.Driver",
+        "batchsize": "10000",
+    }
 
 
 def write_staging(df: DataFrame, table: str, jdbc: Mapping[str, str]) -> None:
-    """Append `df` to the ledger's staging table `table` through pgjdbc (`stage.jdbc_options`)."""
+    """Append `df` to the ledger's staging table `table` through pgjdbc (`jdbc_options`)."""
     df.write.format("jdbc").options(**jdbc).option("dbtable", table).mode("append").save()
 
 
