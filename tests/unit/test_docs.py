@@ -120,3 +120,28 @@ def test_every_generated_part_is_delimited_and_a_regeneration_is_stable():
     # What lies between the markers is rewritten; the rest of the page is left as it was.
     edited = once.replace("## `microbatch migrate`", "## hand-edited").replace("\nend\n", "\nthe end\n")
     assert hooks.refresh(edited) == once.replace("\nend\n", "\nthe end\n")
+
+
+def _layout_tree(page: str) -> set[str]:
+    """The module paths of the architecture page's layout tree (two spaces of indent per folder)."""
+    block = page.split("## The layout", 1)[1].split("```", 2)[1]
+    paths: set[str] = set()
+    folders: list[str] = []
+    for line in block.strip("\n").splitlines()[1:]:
+        name = line.split()[0]
+        depth = (len(line) - len(line.lstrip())) // 2 - 1
+        folders = folders[:depth]
+        if name.endswith("/"):
+            folders.append(name.rstrip("/"))
+        else:
+            paths.add("/".join([*folders, name]))
+    return paths
+
+
+def test_the_architecture_page_shows_every_module_of_the_package_one_line_each():
+    package = ROOT / "include" / "microbatch"
+    modules = {str(p.relative_to(package)) for p in package.rglob("*.py")
+               if p.name != "__init__.py" and "migrations" not in p.relative_to(package).parts}
+    tree = _layout_tree((ROOT / "docs" / "architecture.md").read_text())
+    assert not modules - tree, f"modules missing from the layout tree of docs/architecture.md: {sorted(modules - tree)}"
+    assert not tree - modules, f"the layout tree names modules that do not exist: {sorted(tree - modules)}"

@@ -28,6 +28,7 @@ from microbatch.runtime import PROJECT_ROOT, RUN_BATCH, library_zip, spark_jars
 from microbatch.settings import LEDGER_URL_ENV, KafkaSettings
 from microbatch.sinks.registry import driver_env as sink_driver_env
 from microbatch.sinks.registry import spark_session_conf
+from microbatch.spark_session import UTC_DRIVER, UTC_EXECUTOR, UTC_SESSION
 
 log = logging.getLogger("microbatch")
 CLIENT_MODULES = ("microbatch.phases.stage", "pyspark.sql.connect.session")
@@ -118,9 +119,7 @@ def submit_conf(spec: PipelineSpec) -> dict[str, str]:
     """The Spark settings of every spark-submit of a pipeline: UTC everywhere, Delta's session extension when
     it has a Delta sink, then the spec's own."""
     return {
-        "spark.sql.session.timeZone": "UTC",
-        "spark.driver.extraJavaOptions": "-Duser.timezone=UTC",
-        "spark.executor.extraJavaOptions": "-Duser.timezone=UTC",
+        **UTC_SESSION, **UTC_DRIVER, **UTC_EXECUTOR,
         "spark.ui.showConsoleProgress": "false",
         **spark_session_conf(spec),
         **spec.spark.conf,
@@ -201,7 +200,8 @@ class ConnectStageOperator(BaseOperator):
     def execute(self, context: Any) -> None:
         started, warm = time.monotonic(), all(name in sys.modules for name in CLIENT_MODULES)
         from microbatch import spark_remote as connect
-        from microbatch.phases.stage import connect_client_scope, connect_session, server_session, stage_batches
+        from microbatch.phases.stage import stage_batches
+        from microbatch.spark_session import connect_client_scope, connect_session, server_session
 
         for name in CLIENT_MODULES:  # the session builder imports pyspark's Connect client anyway: timed here
             importlib.import_module(name)

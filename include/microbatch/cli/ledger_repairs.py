@@ -163,9 +163,9 @@ def reland(
 def _reland_session(spec: PipelineSpec) -> Iterator[SparkSession]:
     """The Spark a reland runs on: the pipeline's Spark Connect server in mode connect (or auto with one set),
     else a local Spark in this process with the platform's jars."""
-    from microbatch.phases.stage import connect_client_scope, connect_session
     from microbatch.runtime import spark_jars
     from microbatch.sinks.registry import spark_session_conf
+    from microbatch.spark_session import UTC_DRIVER, UTC_SESSION, build_session, connect_client_scope, connect_session
 
     mode = spec.spark.resolved(settings.spark_remote_set())
     if mode.mode == "connect":
@@ -176,16 +176,10 @@ def _reland_session(spec: PipelineSpec) -> Iterator[SparkSession]:
             finally:
                 spark.stop()
         return
-    from pyspark.sql import SparkSession
-
-    builder = SparkSession.builder.master("local[2]").appName(f"microbatch-{spec.name}-reland")
-    conf = {"spark.sql.session.timeZone": "UTC", "spark.driver.extraJavaOptions": "-Duser.timezone=UTC",
-            "spark.ui.enabled": "false", "spark.jars": ",".join(str(p) for p in spark_jars()),
-            **spark_session_conf(spec), **spec.spark.conf}
-    for key, value in conf.items():
-        builder = builder.config(key, value)
-    spark = builder.getOrCreate()
-    spark.sparkContext.setLogLevel("WARN")
+    spark = build_session(f"microbatch-{spec.name}-reland", master="local[2]",
+                          conf={**UTC_SESSION, **UTC_DRIVER, "spark.ui.enabled": "false",
+                                "spark.jars": ",".join(str(p) for p in spark_jars()),
+                                **spark_session_conf(spec), **spec.spark.conf})
     try:
         yield spark
     finally:

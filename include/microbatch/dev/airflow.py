@@ -29,7 +29,7 @@ MODULE = "microbatch.dev.airflow"  # this module, also when it runs as __main__
 # Each component as `airflow <args>`; --skip-serve-logs: their log servers would listen on every interface.
 COMPONENTS = (("scheduler", "--skip-serve-logs"), ("dag-processor",), ("api-server",),
               ("triggerer", "--skip-serve-logs"))
-TITLE = "airflow standalone"  # how `make down` (stack._is_airflow) recognizes the supervisor
+TITLE = "airflow standalone"  # how `make down` (dev/stopping.is_airflow) recognizes the supervisor
 
 
 PRELOAD = {

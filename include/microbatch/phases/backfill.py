@@ -13,7 +13,7 @@ Overlap is checked again inside the commit transaction and enforced by the exclu
 A request that overlaps a batch still open is refused until that batch ends.
 
 The sub-range planning itself (`plan_backfill_batches`: `plan_fill`, `plan_replay`) is pure and lives in
-`planning.py`, the request's lookups on the broker in `kafka/offsets.py` (`requested_ranges`); here are the
+`planning/backfill.py`, the request's lookups on the broker in `kafka/offsets.py` (`requested_ranges`); here are the
 parameters (`BackfillParams`, `parse_params`) and `plan_backfill`, which calls each of them once, then inserts
 the batches.
 """

@@ -27,7 +27,7 @@ SINK_TYPES: dict[str, type[Sink]] = {tag: _implementation(tag) for tag in sorted
 def sink_for(spec: SinkSpec) -> Sink:
     """The sink that implements one sink of a spec."""
     cls = SINK_TYPES.get(spec.type)
-    if cls is None:  # config.py accepts a type that no module implements
+    if cls is None:  # the spec (config/sinks/) accepts a type that no module implements
         raise SpecError(f"sink '{spec.name}': no module implements the sink type '{spec.type}'.",
                         fix=f"Use one of {', '.join(sorted(SINK_TYPES))}.")
     return cls(spec)
