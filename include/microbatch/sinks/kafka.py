@@ -20,18 +20,8 @@ from sqlalchemy.orm import Session
 
 from microbatch.config import KafkaSink
 from microbatch.ledger import repository as repo
-from microbatch.sinks.base import (
-    AssetRef,
-    CommitContext,
-    LineagePlaces,
-    PublishedRows,
-    Sink,
-    Staging,
-    quote,
-    sql_type,
-    staging_columns,
-    table_asset,
-)
+from microbatch.sinks.base import CommitContext, Sink, quote, sql_type, staging_columns
+from microbatch.sinks.contexts import AssetRef, LineagePlaces, PublishedRows, Staging, table_asset
 from microbatch.sinks.postgres_append import coordinate_columns, published_staged_rows
 
 
