@@ -83,35 +83,21 @@ from microbatch.sinks.lake_files import (
     orphan_folders,
     remove_folder,
 )
-from microbatch.sinks.lakehouse import (
-    WAREHOUSE_ENV,
-    LakehouseSink,
-    Owner,
-    batch_of,
-    commit_metadata,
-    expected_batches,
-    fenced,
-    location,
-    microbatch_meta,
-    reland_metadata,
-    view_rows,
-    warehouse,
-)
+from microbatch.sinks.lakehouse import LakehouseSink, Owner, expected_batches, fenced, location, view_rows
 from microbatch.types import OffsetRange, TableWrite
 
 if TYPE_CHECKING:
     from pyiceberg.table import Table
     from pyspark.sql import DataFrame, SparkSession
 
-__all__ = [  # what the module held before it was split by job (issue 62), importable from here as before
+__all__ = [  # what the module defined before it was split by job (issue 62), importable from here as before
     "ATTEMPT_DIR", "CATALOG", "COORDINATES", "ICEBERG_TYPES", "OUTPUT_TIMESTAMP", "SPARK_TYPES", "SUMMARY_KEY",
-    "WAREHOUSE_ENV", "IcebergTableSink", "LakeSnapshot", "Owner", "attempt_folder", "audit", "batch_of", "catalog",
-    "check_table", "checked_files", "commit_metadata", "coordinates", "data_files", "differences", "fenced",
-    "file_mtime", "file_rows", "find_batch", "identifier", "list_files", "load", "location", "maintain",
-    "microbatch_meta", "migrate_table", "normal_path", "orphan_folders", "orphans", "partition_keys",
-    "partition_text", "ranges_filter", "referenced_files", "reland", "reland_metadata", "remove_folder",
-    "snapshot_summaries", "snapshots_by_batch", "summary_properties", "table_columns", "table_view", "warehouse",
-    "write_batch", "write_files",
+    "IcebergTableSink", "LakeSnapshot", "attempt_folder", "audit", "catalog", "check_table", "checked_files",
+    "coordinates", "data_files", "differences", "fenced", "file_mtime", "file_rows", "find_batch", "identifier",
+    "list_files", "load", "location", "maintain", "migrate_table", "normal_path", "orphan_folders", "orphans",
+    "partition_keys", "partition_text", "ranges_filter", "referenced_files", "reland", "remove_folder",
+    "snapshot_summaries", "snapshots_by_batch", "summary_properties", "table_columns", "table_view", "write_batch",
+    "write_files",
 ]
 
 log = logging.getLogger("microbatch.maintenance")

@@ -28,19 +28,12 @@ from microbatch.ledger import repository as repo
 from microbatch.ledger.models import BatchState
 from microbatch.runtime import cache_dir
 from microbatch.sinks.base import CommitContext, Sink
-from microbatch.sinks.contexts import (
-    AssetRef,
-    LineagePlaces,
-    RelandContext,
-    StageContext,
-    Staging,
-    TableView,
-    table_asset,
-)
+from microbatch.sinks.contexts import Staging, table_asset
 from microbatch.types import OffsetRange
 
 if TYPE_CHECKING:
     from microbatch.ledger.database import Ledger
+    from microbatch.sinks.contexts import AssetRef, LineagePlaces, RelandContext, StageContext, TableView
 
 WAREHOUSE_ENV = "MICROBATCH_WAREHOUSE"
 
