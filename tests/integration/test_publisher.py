@@ -20,8 +20,9 @@ from microbatch.dev.kafka import create_topic
 from microbatch.failpoints import EXIT_CODE, FAILPOINT_DIR_ENV, FAILPOINTS_ENV
 from microbatch.ledger import repository as repo
 from microbatch.ledger.database import Ledger, publish_lock, transaction
-from microbatch.phases.publish import last_published_seq, publish_sink
+from microbatch.phases.publish import publish_sink
 from microbatch.settings import KafkaSettings
+from microbatch.sinks.kafka_publish import last_published_seq
 from microbatch.types import OffsetRange, Plan
 from tests.e2e.helpers import read_output, read_topic, write_test_spec
 

@@ -8,7 +8,7 @@ import sqlalchemy as sa
 from pydantic import TypeAdapter, ValidationError
 
 from microbatch.config import OutputTopic, SinkSpec
-from microbatch.phases.publish import record_headers
+from microbatch.sinks.kafka_publish import record_headers
 from microbatch.sinks.registry import sink_for
 
 SINKS: TypeAdapter = TypeAdapter(SinkSpec)

@@ -1,128 +1,24 @@
 """The publish phase: outbox rows -> a Kafka topic, exactly once for `read_committed` readers.
 
-Flink does this with a two-phase-commit producer. Here the outbox rows were committed with the
-ledger, so publishing only has to be idempotent:
-
-1. `init_transactions()` with a stable `transactional_id` per sink fences any older producer
-   and aborts its open transaction (a zombie's records never become visible);
-2. the last sequence really published is read from the topic's committed tail
-   (`read_committed`; each record carries its outbox sequence in a header);
-3. the rows after it are sent in transactions of bounded size;
-4. after each `commit_transaction()` the progress is recorded in Postgres, for operators only.
-
-A crash at any point leaves either a committed transaction (found by step 2 next time) or an
-aborted one (invisible), so nothing is lost or duplicated.
+For each publishing sink of the pipeline (`sinks/registry.publishing`), under the sink's advisory lock (one live
+publisher per sink), the phase reads the outbox's bounds from the ledger and asks the sink to `publish` the rows
+the topic lacks (`Sink.publish`; the Kafka sink's transactional send is `sinks/kafka_publish.py`), handing it the
+ledger's reads of the pending rows and records of progress; then it records the publish's seconds per batch and
+returns the result. A crash at any point is finished by the next publish, which starts from the topic's tail.
 """
 
 from __future__ import annotations
 
-import json
-import logging
-import threading
 import time
-from dataclasses import dataclass
+from functools import partial
 
-from kafka import KafkaConsumer, KafkaProducer
-from kafka import TopicPartition as KafkaTopicPartition
-from kafka.errors import KafkaError, KafkaTimeoutError, ProducerFencedError
-
-from microbatch import failpoints
-from microbatch.config import KafkaSink, PipelineSpec
-from microbatch.errors import SpecError
-from microbatch.kafka import clients
-from microbatch.kafka.offsets import skip_bootstrap_backoff
+from microbatch.config import PipelineSpec, SinkSpec
 from microbatch.ledger import repository as repo
 from microbatch.ledger.database import Ledger, publish_lock
 from microbatch.phases.results import PublishResult
 from microbatch.settings import KafkaSettings
-
-log = logging.getLogger(__name__)
-SEQ_HEADER = "microbatch.seq"
-CORRECTION_HEADER = "microbatch.correction"
-RETRACTION_HEADER = "microbatch.retraction"
-_TAIL_WINDOW = 64
-_FAILOVER_ATTEMPTS = 4
-_FAILOVER_BACKOFF_S = 3.0
-_FLUSH_TIMEOUT_S = 30.0
-_COMMIT_TIMEOUT_S = 15.0
-"""The records are flushed before the commit, so a coordinator that lives ends the transaction in milliseconds;
-past this the commit is taken as lost with its coordinator (`_commit_within`)."""
-BEFORE_COMMIT = failpoints.point("publish.before_commit")  # Kafka transaction open
-AFTER_COMMIT = failpoints.point("publish.after_commit")  # Kafka committed, progress not recorded
-BETWEEN_TRANSACTIONS = failpoints.point("publish.between_transactions")
-
-
-def record_headers(sink: KafkaSink, seq: int, value: dict) -> list[tuple[str, bytes]]:
-    """A published record's headers: its outbox sequence, the correction and retraction marks of a backfill or a
-    replay, then the spec's `headers`, each the text of its column in the row (none for a null)."""
-    headers = [(SEQ_HEADER, str(seq).encode())]
-    if value.get("correction"):
-        headers.append((CORRECTION_HEADER, b"1"))  # a backfill or a replay changed what was published
-    if value.get("retraction"):
-        headers.append((RETRACTION_HEADER, b"1"))  # a replay no longer gives this row
-    for name, column in sink.headers.items():
-        found = value.get(column)
-        if found is not None:
-            headers.append((name, (found if isinstance(found, str) else json.dumps(found)).encode()))
-    return headers
-
-
-def _seq_of(headers: list[tuple[str, bytes]] | None) -> int | None:
-    for name, value in headers or ():
-        if name == SEQ_HEADER:
-            return int(value.decode())
-    return None
-
-
-def last_published_seq(kafka: KafkaSettings, topic: str) -> int:
-    """The highest outbox sequence in the topic's committed records (0 if none).
-
-    Transactions commit atomically and sequences are sent in order, so the highest sequence
-    among the committed tails of all partitions is the last one published, and every lower
-    one is published too. Reads only the tail of each partition, widening if it finds no
-    data record there (markers of many small transactions).
-    """
-    consumer = clients.consumer(kafka, client_id="microbatch-publisher-tail", isolation_level="read_committed",
-                                enable_auto_commit=False, group_id=None)
-    skip_bootstrap_backoff(consumer)
-    try:
-        partitions = consumer.partitions_for_topic(topic)
-        if not partitions:
-            raise SpecError(f"The output topic '{topic}' does not exist.",
-                            fix="Run `microbatch migrate`, which creates it as the spec says.")
-        tps = [KafkaTopicPartition(topic, p) for p in sorted(partitions)]
-        begins = consumer.beginning_offsets(tps)
-        ends = consumer.end_offsets(tps)
-        best = 0
-        for tp in tps:
-            begin, end = begins[tp], ends[tp]
-            window = _TAIL_WINDOW
-            while end > begin:
-                start = max(begin, end - window)
-                found = _max_seq_between(consumer, tp, start, end)
-                if found is not None:
-                    best = max(best, found)
-                    break
-                if start == begin:
-                    break
-                window *= 4
-        return best
-    finally:
-        consumer.close()
-
-
-def _max_seq_between(consumer: KafkaConsumer, tp: KafkaTopicPartition, start: int, end: int) -> int | None:
-    consumer.assign([tp])
-    consumer.seek(tp, start)
-    best: int | None = None
-    deadline = time.monotonic() + 30
-    while consumer.position(tp) < end and time.monotonic() < deadline:
-        for records in consumer.poll(timeout_ms=500).values():
-            for record in records:
-                seq = _seq_of(record.headers)
-                if seq is not None:
-                    best = seq if best is None else max(best, seq)
-    return best
+from microbatch.sinks.base import Outbox, PublishRun, Sink
+from microbatch.sinks.registry import sink_for
 
 
 def _pending(ledger: Ledger, pipeline_id: int, sink: str, after: int, limit: int) -> list[tuple[int, str, dict]]:
@@ -141,45 +37,35 @@ def pending_bounds(ledger: Ledger, pipeline_id: int, sink: str) -> tuple[int, in
         return repo.publish_bounds(session, pipeline_id, sink)
 
 
-def publish_sink(spec: PipelineSpec, sink: KafkaSink, ledger: Ledger, kafka: KafkaSettings) -> PublishResult:
+def publish_sink(spec: PipelineSpec, sink: SinkSpec, ledger: Ledger, kafka: KafkaSettings) -> PublishResult:
     """Publish every outbox row of `sink` that the topic does not hold yet; see the module docstring."""
     started = time.monotonic()
+    publisher = sink_for(sink)
     with ledger.transaction() as session:
         pipeline = repo.get_pipeline(session, spec.name)
         pipeline_id = pipeline.id if pipeline else None
     if pipeline_id is None:
-        return PublishResult(sink.name, sink.topic, 0, 0, 0, 0, 0.0)
+        return PublishResult(sink.name, publisher.published_topic or "", 0, 0, 0, 0, 0.0)
     with publish_lock(ledger.url, pipeline_id, sink.name):  # one live publisher per sink; see publish_lock
-        return _publish_locked(sink, ledger, kafka, pipeline_id, started)
+        return _publish_locked(publisher, ledger, kafka, pipeline_id, started)
 
 
-def _publish_locked(sink: KafkaSink, ledger: Ledger, kafka: KafkaSettings, pipeline_id: int,
+def _publish_locked(sink: Sink, ledger: Ledger, kafka: KafkaSettings, pipeline_id: int,
                     started: float) -> PublishResult:
+    topic = sink.published_topic or ""
     progress, highest = pending_bounds(ledger, pipeline_id, sink.name)
     if progress >= highest:
         # Progress is written only after a Kafka commit, so it never runs ahead of the topic.
-        return PublishResult(sink.name, sink.topic, progress, progress, 0, 0, time.monotonic() - started)
+        return PublishResult(sink.name, topic, progress, progress, 0, 0, time.monotonic() - started)
 
-    run = _PublishRun()
-    for attempt in range(1, _FAILOVER_ATTEMPTS + 1):
-        try:
-            _publish_session(sink, ledger, kafka, pipeline_id, highest, run)
-            break
-        except KafkaError as exc:
-            if isinstance(exc, ProducerFencedError) or attempt == _FAILOVER_ATTEMPTS:
-                raise
-            # A broker or the transaction coordinator failed over under the open transaction: the client
-            # gives up on it (or the coordinator aborted it). A new producer with the same transactional_id
-            # finishes or aborts whatever the old one left, and the topic's committed tail says where to go on.
-            log.warning("publish %s: the transaction on %s failed in a broker failover (%s); starting a new one "
-                        "from the topic's committed tail (attempt %s of %s)", sink.name, sink.topic,
-                        type(exc).__name__, attempt + 1, _FAILOVER_ATTEMPTS)
-            time.sleep(_FAILOVER_BACKOFF_S)
+    outbox = Outbox(highest, pending=partial(_pending, ledger, pipeline_id, sink.name),
+                    record_progress=partial(_record_progress, ledger, pipeline_id, sink.name))
+    run = sink.publish(outbox, kafka) or PublishRun(progress, progress)
     assert run.resumed_after is not None
     seconds = time.monotonic() - started
     if run.last > run.resumed_after:
         _record_publish_seconds(ledger, pipeline_id, sink.name, run.resumed_after, run.last, seconds)
-    return PublishResult(sink.name, sink.topic, run.resumed_after, run.last, run.last - run.resumed_after,
+    return PublishResult(sink.name, topic, run.resumed_after, run.last, run.last - run.resumed_after,
                          run.transactions, seconds)
 
 
@@ -190,69 +76,3 @@ def _record_publish_seconds(ledger: Ledger, pipeline_id: int, sink: str, after: 
     with ledger.transaction() as session:
         repo.add_publish_seconds(session, pipeline_id, sink, after, last, seconds)
 
-
-@dataclass
-class _PublishRun:
-    """What the producers of one publish task did, across failovers."""
-    resumed_after: int | None = None  # the committed tail the first producer found
-    last: int = 0
-    transactions: int = 0
-
-
-def _publish_session(sink: KafkaSink, ledger: Ledger, kafka: KafkaSettings, pipeline_id: int,
-                     highest: int, run: _PublishRun) -> None:
-    """One producer: fence, read the committed tail, send the rest in transactions; `run` keeps count."""
-    producer = clients.producer(kafka, client_id=f"microbatch-publisher-{sink.name}",
-                                transactional_id=sink.transactional_id, acks="all", linger_ms=5)
-    try:
-        producer.init_transactions()  # fences older producers with this id and aborts their open transaction
-        last = run.last = last_published_seq(kafka, sink.topic)
-        if run.resumed_after is None:
-            run.resumed_after = last
-        log.info("publish %s: the topic %s holds sequences up to %s (read_committed tail); outbox ends at %s",
-                 sink.name, sink.topic, last, highest)
-        while True:
-            rows = _pending(ledger, pipeline_id, sink.name, last, sink.transaction_size)
-            if not rows:
-                break
-            if rows[0][0] != last + 1:
-                raise RuntimeError(f"outbox of {sink.name} has a gap after sequence {last}")
-            producer.begin_transaction()
-            for seq, key, value in rows:
-                headers = record_headers(sink, seq, value)
-                producer.send(sink.topic, key=(key or "").encode(), value=json.dumps(value, sort_keys=True).encode(),
-                              headers=headers)
-            producer.flush(timeout=_FLUSH_TIMEOUT_S)
-            BEFORE_COMMIT.hit()
-            _commit_within(producer, _COMMIT_TIMEOUT_S)
-            last = run.last = rows[-1][0]
-            run.transactions += 1
-            AFTER_COMMIT.hit()
-            _record_progress(ledger, pipeline_id, sink.name, last)
-            log.info("  transaction %s: sequences %s..%s committed", run.transactions, rows[0][0], last)
-            BETWEEN_TRANSACTIONS.hit()
-    finally:
-        producer.close(timeout=10)
-
-
-def _commit_within(producer: KafkaProducer, timeout_s: float) -> None:
-    """`commit_transaction()`, bounded. kafka-python waits on the commit without a timeout, and when the
-    transaction coordinator dies under it, it can wait forever (seen with 3.0.12: the EndTxn is never sent to
-    the new coordinator). Past `timeout_s` this raises KafkaTimeoutError, and the caller starts a new
-    producer with the same transactional_id: its init_transactions() bumps the epoch, which fences this one
-    and has the coordinator finish or abort the transaction; the topic's committed tail then says which."""
-    errors: list[BaseException] = []
-
-    def commit() -> None:
-        try:
-            producer.commit_transaction()
-        except BaseException as exc:  # handed to the caller's thread below
-            errors.append(exc)
-
-    committer = threading.Thread(target=commit, name="microbatch-commit", daemon=True)
-    committer.start()
-    committer.join(timeout_s)
-    if committer.is_alive():
-        raise KafkaTimeoutError(f"the transaction commit did not complete within {timeout_s:.0f}s")
-    if errors:
-        raise errors[0]

@@ -12,7 +12,8 @@ A sink type is a subclass of `Sink` that overrides only what it does:
   sink of the pipeline in spec order, `check_staged`, then `retract` (replay batches only), then `merge`; later
   `write_outbox`; last `clear_staging`.
 - **publish**: a sink that others publish from answers `published_rows` with the rows that became
-  publishable in this commit; a sink that publishes (kafka) reads them in `write_outbox`.
+  publishable in this commit; a sink that publishes (kafka) reads them in `write_outbox`, and the publish phase
+  (`phases/publish.py`, after the commit) has it send them in `publish`.
 - **schema** (`microbatch migrate` and the plan check, sinks/schema.py): `tables` defines the sink's tables
   (the sink table, its staging table, any side table) on a SQLAlchemy `MetaData`; `[]`: it has none. A sink
   with a lakehouse table migrates and checks it itself (`lake_refusal`, `migrate_lake`, `check_lake`).
@@ -24,6 +25,8 @@ A sink type is a subclass of `Sink` that overrides only what it does:
 `config.SinkSpec`; `registry` finds the module by the tag.
 
 Every method takes the caller's session and runs set-based SQL inside Postgres; none commits or rolls back.
+What the phases hand a sink, and its answers, are the values of `sinks/contexts.py` (importable from here too), but
+`CommitContext`, which holds the pipeline's sinks.
 """
 
 from __future__ import annotations
@@ -46,12 +49,31 @@ from microbatch.config import SOURCE_COORDINATES, PipelineSpec, SinkSpec
 from microbatch.errors import MicrobatchError
 from microbatch.ledger.fragments import staged_rows
 from microbatch.ledger.lake import table_write
+from microbatch.sinks.contexts import (
+    AssetRef,
+    LineagePlaces,
+    Outbox,
+    PublishedRows,
+    PublishRun,
+    RelandContext,
+    StageContext,
+    Staging,
+    TableView,
+    table_asset,
+)
 from microbatch.types import OffsetRange, TableWrite, micros_time
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
     from microbatch.ledger.database import Ledger
+    from microbatch.settings import KafkaSettings
+
+__all__ = [  # the contexts live in sinks/contexts.py; callers outside sinks/ import them from here
+    "AFTER_LAKE_COMMIT", "BEFORE_LAKE_COMMIT", "AssetRef", "CommitContext", "LineagePlaces", "Outbox", "PublishRun",
+    "PublishedRows", "RelandContext", "Sink", "StageContext", "Staging", "TableView", "quote", "sql_type",
+    "staging_columns", "table_asset", "tombstone_sql", "watermark_timestamp", "write_table",
+]
 
 log = logging.getLogger(__name__)
 BEFORE_LAKE_COMMIT = failpoints.point("stage.before_lake_commit")
@@ -124,53 +146,6 @@ def watermark_timestamp(micros: int | None) -> datetime | None:
 
 
 @dataclass(frozen=True)
-class Staging:
-    """What the stage writes for one sink: the job's output named after the sink, these columns, appended to
-    `table` with `batch_id` and `attempt` in front."""
-
-    table: str
-    columns: tuple[str, ...]
-    fix: str
-    """What to change when the job's output lacks some of `columns`."""
-
-
-@dataclass(frozen=True)
-class StageContext:
-    """The attempt being staged, as a sink that writes its table in the stage sees it."""
-
-    pipeline: str
-    pipeline_id: int
-    pipeline_uid: str
-    """The ledger's identity of the pipeline, which the table's commit carries."""
-    batch_id: int
-    attempt: int
-    ranges: Sequence[OffsetRange]
-    ledger: Ledger | None = None
-    """The ledger, for a sink that makes its table's commit inside a ledger transaction (`write_table` sets it)."""
-
-
-@dataclass(frozen=True)
-class RelandContext(StageContext):
-    """A committed batch that `microbatch reland` lands again into one append sink (`phases/reland.py`): its
-    `attempt` is the one the batch was committed with, and the ledger is always given."""
-
-    number: int = 1
-    """1 for the batch's first reland into the sink, then 2, ..."""
-    rows: int = 0
-    """The rows the ledger committed for the sink, which the reland lands."""
-
-    @property
-    def owned_ledger(self) -> Ledger:
-        assert self.ledger is not None, "a reland is given the ledger"
-        return self.ledger
-
-    @property
-    def staged(self) -> dict[str, int]:
-        """The parameters that select the reland's staged rows (tagged with the attempt -number)."""
-        return {"batch_id": self.batch_id, "attempt": -self.number}
-
-
-@dataclass(frozen=True)
 class CommitContext:
     """The batch being committed, as every sink sees it inside the commit's transaction."""
 
@@ -192,67 +167,6 @@ class CommitContext:
     def staged(self) -> dict[str, int]:
         """The parameters that select this batch's staged rows."""
         return {"batch_id": self.batch_id, "attempt": self.attempt}
-
-
-@dataclass(frozen=True)
-class PublishedRows:
-    """Rows of a sink that a publishing sink sends in this commit, as a SQL relation named `final`."""
-
-    relation: str
-    """`(SELECT ...) AS final`, or `final` when `ctes` defines it."""
-    order: str
-    """The columns that number the rows, so the outbox order is stable."""
-    params: dict[str, Any]
-    correction: bool = False
-    """The rows correct values that were already published (a backfill or a replay changed them)."""
-    ctes: str = ""
-    """`WITH ... final AS (...) ` (with its trailing space) when `relation` is a common table expression."""
-    label: str = "row(s)"
-    """What the rows are, for the commit's log line (`<n> <label>: outbox <sink> seq a..b`)."""
-    coordinates: bool = False
-    """The rows carry their source `topic`, `partition` and `offset`, which the outbox keeps beside each."""
-    replay_rows: str | None = None
-    """A replay of rows: a SELECT of the rows it gives (with their coordinates); the outbox then takes only what
-    changed against what was last published for the ranges it supersedes (`repository.outbox_row_changes_sql`)."""
-
-
-@dataclass(frozen=True)
-class TableView:
-    """What `microbatch show` prints of a lakehouse table, read without Spark."""
-
-    location: str
-    version: int
-    files: int
-    total_rows: int
-    columns: list[str]
-    rows: list[tuple[Any, ...]]
-    reader: str
-    """What read the table (e.g. `delta-rs`)."""
-
-
-@dataclass(frozen=True)
-class AssetRef:
-    """An Airflow Asset that a sink's output is (plain strings: sinks/ does not import Airflow)."""
-
-    name: str
-    uri: str
-
-
-def table_asset(pipeline: str, table: str) -> AssetRef:
-    """The asset of a table or topic of a pipeline, named after it as its URI is: a sink moved to another table is
-    another asset (Airflow leaves an asset inactive while one name has two URIs)."""
-    return AssetRef(name=f"microbatch.{pipeline}.{table}", uri=f"microbatch://{pipeline}/{table}")
-
-
-@dataclass(frozen=True)
-class LineagePlaces:
-    """Where a batch's outputs live, as OpenLineage namespaces them (no credentials)."""
-
-    postgres: str
-    """`postgres://HOST:PORT` of the ledger's database, which holds the Postgres sink tables."""
-    database: str
-    kafka: str
-    """`kafka://HOST:PORT` of the output topics."""
 
 
 class Sink:
@@ -489,6 +403,11 @@ class Sink:
 
     def write_outbox(self, session: Session, ctx: CommitContext) -> tuple[int, int] | None:
         """Write this sink's outbox rows for the batch; (first, last) sequence written, None if none."""
+        return None
+
+    def publish(self, outbox: Outbox, kafka: KafkaSettings) -> PublishRun | None:
+        """`publishes` sinks, in the publish phase (under its lock): send the rows of `outbox` that the topic does not
+        hold yet, recording the progress after each send; what was sent. None: the sink publishes nothing."""
         return None
 
     def clear_staging(self, session: Session, ctx: CommitContext) -> None:

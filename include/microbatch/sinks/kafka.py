@@ -7,32 +7,27 @@ sink named in `source` (`Sink.published_rows`: a windowed aggregate's final wind
 Its part of the commit is the outbox: one row per record to publish, numbered gap-free after the sink's last
 sequence (the commit holds the pipeline row's lock, so numbering cannot race), written in the commit's
 transaction; a row keeps its source coordinates there, so that a replay publishes only the rows it changed
-(corrections) or no longer gives (retractions). Sending them is the publish phase (`phases/publish.py`), outside
-this transaction; the topic itself is created by `microbatch migrate` (`kafka/topics.py`).
+(corrections) or no longer gives (retractions). Sending them is its `publish` (`sinks/kafka_publish.py`), which the
+publish phase (`phases/publish.py`) asks after the commit, outside this transaction; the topic itself is created by
+`microbatch migrate` (`kafka/topics.py`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 from microbatch.config import KafkaSink
 from microbatch.ledger import repository as repo
-from microbatch.sinks.base import (
-    AssetRef,
-    CommitContext,
-    LineagePlaces,
-    PublishedRows,
-    Sink,
-    Staging,
-    quote,
-    sql_type,
-    staging_columns,
-    table_asset,
-)
+from microbatch.sinks.base import CommitContext, Sink, quote, sql_type, staging_columns
+from microbatch.sinks.contexts import AssetRef, LineagePlaces, Outbox, PublishedRows, PublishRun, Staging, table_asset
 from microbatch.sinks.postgres_append import coordinate_columns, published_staged_rows
+
+if TYPE_CHECKING:
+    from microbatch.settings import KafkaSettings
 
 
 def outbox_sql(sink: KafkaSink, rows: PublishedRows) -> str:
@@ -108,3 +103,9 @@ class KafkaTopic(Sink):
             return None
         return repo.append_outbox(session, ctx.pipeline_id, self.name, ctx.batch_id, outbox_sql(self.spec, rows),
                                   rows.params)
+
+    def publish(self, outbox: Outbox, kafka: KafkaSettings) -> PublishRun:
+        """The outbox rows the topic lacks, sent in Kafka transactions (`sinks/kafka_publish.py`)."""
+        from microbatch.sinks.kafka_publish import publish_outbox  # kafka-python: only the publish task needs it
+
+        return publish_outbox(self.spec, outbox, kafka)

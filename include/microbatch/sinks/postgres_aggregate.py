@@ -24,16 +24,8 @@ from microbatch.errors import SpecError
 from microbatch.ledger import repository as repo
 from microbatch.ledger.fragments import staged_rows, superseded_ranges
 from microbatch.sinks.audit import count_kept
-from microbatch.sinks.base import (
-    CommitContext,
-    PublishedRows,
-    Sink,
-    Staging,
-    quote,
-    sql_type,
-    staging_columns,
-    watermark_timestamp,
-)
+from microbatch.sinks.base import CommitContext, Sink, quote, sql_type, staging_columns, watermark_timestamp
+from microbatch.sinks.contexts import PublishedRows, Staging
 from microbatch.types import OffsetRange
 
 if TYPE_CHECKING:

@@ -26,16 +26,8 @@ from microbatch.config import SOURCE_COORDINATES, KafkaSink, PostgresAppendSink
 from microbatch.errors import MicrobatchError
 from microbatch.ledger.fragments import staged_rows, superseded_ranges
 from microbatch.sinks.audit import count_rows, delete_rows_sql, ranges_params
-from microbatch.sinks.base import (
-    CommitContext,
-    PublishedRows,
-    RelandContext,
-    Sink,
-    Staging,
-    quote,
-    sql_type,
-    staging_columns,
-)
+from microbatch.sinks.base import CommitContext, Sink, quote, sql_type, staging_columns
+from microbatch.sinks.contexts import PublishedRows, RelandContext, Staging
 from microbatch.types import OffsetRange
 
 

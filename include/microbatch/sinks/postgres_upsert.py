@@ -23,7 +23,8 @@ from microbatch.config import SOURCE_COORDINATES, PostgresUpsertSink
 from microbatch.errors import SpecError
 from microbatch.ledger.fragments import staged_rows, superseded_ranges
 from microbatch.sinks.audit import count_kept
-from microbatch.sinks.base import CommitContext, Sink, Staging, quote, sql_type, staging_columns, tombstone_sql
+from microbatch.sinks.base import CommitContext, Sink, quote, sql_type, staging_columns, tombstone_sql
+from microbatch.sinks.contexts import Staging
 from microbatch.sinks.postgres_append import coordinate_columns
 from microbatch.types import OffsetRange
 
