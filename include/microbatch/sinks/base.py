@@ -37,11 +37,11 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import sqlalchemy as sa
 from sqlalchemy import text
-from sqlalchemy.dialects import postgresql
 from sqlalchemy.orm import Session
 from sqlalchemy.types import TypeEngine
 
 from microbatch import failpoints
+from microbatch.column_mappers import postgres_types
 from microbatch.config import SOURCE_COORDINATES, PipelineSpec, SinkSpec
 from microbatch.errors import MicrobatchError
 from microbatch.ledger.fragments import staged_rows
@@ -66,22 +66,7 @@ def quote(identifier: str) -> str:
     return '"' + identifier.replace('"', '""') + '"'
 
 
-_SQL_TYPES: dict[str, Any] = {
-    "text": sa.Text,
-    "bigint": sa.BigInteger,
-    "integer": sa.Integer,
-    "smallint": sa.SmallInteger,
-    "double precision": postgresql.DOUBLE_PRECISION,
-    "real": postgresql.REAL,
-    "numeric": sa.Numeric,
-    "boolean": sa.Boolean,
-    "timestamptz": lambda: postgresql.TIMESTAMP(timezone=True),
-    "timestamp": lambda: postgresql.TIMESTAMP(timezone=False),
-    "date": sa.Date,
-    "jsonb": postgresql.JSONB,
-    "bytea": postgresql.BYTEA,
-    "uuid": postgresql.UUID,
-}
+_SQL_TYPES: dict[str, Any] = postgres_types()
 
 
 def tombstone_sql(sink: Any, alias: str, name: Callable[[str], str] = quote) -> str:

@@ -45,6 +45,7 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.orm import Session
 
+from microbatch.column_mappers import DELTA_TYPES as MAPPED_DELTA_TYPES
 from microbatch.config import SOURCE_COORDINATES, DeltaSink, PipelineSpec
 from microbatch.errors import MicrobatchError, SpecError
 from microbatch.ledger import lake
@@ -86,12 +87,7 @@ SPARK_SESSION_CONF = {
 }
 """What a Spark session (spark-submit, or the Connect server) needs to write Delta tables."""
 
-# The spec's column types (PostgreSQL names) as Delta's primitive types.
-DELTA_TYPES = {
-    "text": "string", "bigint": "long", "integer": "integer", "smallint": "short", "double precision": "double",
-    "real": "float", "numeric": "decimal(38,9)", "boolean": "boolean", "timestamptz": "timestamp",
-    "timestamp": "timestamp_ntz", "date": "date", "jsonb": "string", "bytea": "binary", "uuid": "string",
-}
+DELTA_TYPES = MAPPED_DELTA_TYPES
 COORDINATE_TYPES = {"topic": "string", "partition": "integer", "offset": "long"}
 DELETED = "_deleted"
 """An upsert table's tombstone flag: the key's row is a tombstone (readers select `NOT _deleted`)."""

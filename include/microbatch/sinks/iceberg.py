@@ -40,6 +40,9 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.orm import Session
 
+from microbatch.column_mappers import ICEBERG_SPARK_TYPES, iceberg_type
+from microbatch.column_mappers import ICEBERG_TYPES as MAPPED_ICEBERG_TYPES
+from microbatch.column_types import LOCAL_TIME, ZONED_TIME
 from microbatch.config import SOURCE_COORDINATES, IcebergSink, PipelineSpec
 from microbatch.errors import MicrobatchError, RowCountError, SpecError
 from microbatch.ledger import lake
@@ -85,17 +88,8 @@ SUMMARY_KEY = "microbatch"
 OUTPUT_TIMESTAMP = "spark.sql.parquet.outputTimestampType"
 ATTEMPT_DIR = re.compile(r"microbatch-(\d+)-(\d+)")
 
-# The spec's column types (PostgreSQL names) as the Spark type the files are written with, and Iceberg's type.
-SPARK_TYPES = {
-    "text": "string", "bigint": "bigint", "integer": "int", "smallint": "int", "double precision": "double",
-    "real": "float", "numeric": "decimal(38,9)", "boolean": "boolean", "timestamptz": "timestamp",
-    "timestamp": "timestamp_ntz", "date": "date", "jsonb": "string", "bytea": "binary", "uuid": "string",
-}
-ICEBERG_TYPES = {
-    "text": "string", "bigint": "long", "integer": "int", "smallint": "int", "double precision": "double",
-    "real": "float", "numeric": "decimal(38, 9)", "boolean": "boolean", "timestamptz": "timestamptz",
-    "timestamp": "timestamp", "date": "date", "jsonb": "string", "bytea": "binary", "uuid": "string",
-}
+SPARK_TYPES = ICEBERG_SPARK_TYPES
+ICEBERG_TYPES = MAPPED_ICEBERG_TYPES
 COORDINATES = {"topic": "text", "partition": "integer", "offset": "bigint"}
 
 
@@ -229,24 +223,7 @@ def _schema(sink: IcebergSink) -> Any:
 
 
 def _type(spec_type: str) -> Any:
-    from pyiceberg.types import (
-        BinaryType,
-        BooleanType,
-        DateType,
-        DecimalType,
-        DoubleType,
-        FloatType,
-        IntegerType,
-        LongType,
-        StringType,
-        TimestampType,
-        TimestamptzType,
-    )
-
-    return {"string": StringType(), "long": LongType(), "int": IntegerType(), "double": DoubleType(),
-            "float": FloatType(), "decimal(38, 9)": DecimalType(38, 9), "boolean": BooleanType(),
-            "timestamptz": TimestamptzType(), "timestamp": TimestampType(), "date": DateType(),
-            "binary": BinaryType()}[ICEBERG_TYPES[spec_type]]
+    return iceberg_type(spec_type)
 
 
 def _transform(name: str | None) -> Any:
@@ -359,13 +336,13 @@ def partition_keys(sink: IcebergSink) -> list[Column]:
         if transform is None:
             keys.append(column)
             continue
-        if type_ == "timestamptz":
+        if type_ == ZONED_TIME:
             micros = F.unix_micros(column)
             day = F.floor(micros / 86_400_000_000)
             hour = F.floor(micros / 3_600_000_000)
         else:  # a timestamp without time zone or a date: their calendar fields need no time zone
             day = F.unix_date(F.to_date(column))
-            hour = day * 24 + F.hour(column) if type_ == "timestamp" else None
+            hour = day * 24 + F.hour(column) if type_ == LOCAL_TIME else None
         date = F.date_from_unix_date(day.cast("int"))
         keys.append({"day": day, "hour": hour, "month": F.year(date) * 12 + F.month(date),
                      "year": F.year(date)}[transform])
