@@ -1,5 +1,6 @@
-"""The spec's column types live in one model (`microbatch.column_types`) with one mapper per target
-(`microbatch.column_mappers`): no other module spells them out, and every type has a mapping in every mapper."""
+"""The spec's column types live in one model (`microbatch.column_types`, with their Spark spellings) and one module
+of sink-target mappers (`microbatch.sinks.column_mappers`): no other module spells them out, and every type has a
+mapping in every mapper."""
 
 from __future__ import annotations
 
@@ -8,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from microbatch import column_mappers, column_types
+from microbatch import column_types
 from microbatch.column_types import CALENDAR_TYPES, COLUMN_TYPES, TIME_TYPES
+from microbatch.sinks import column_mappers
 
 PACKAGE = Path(column_types.__file__).resolve().parent
 MODEL_MODULES = {Path(column_types.__file__).resolve(), Path(column_mappers.__file__).resolve()}
@@ -40,14 +42,15 @@ def test_only_the_model_and_its_mappers_spell_out_the_column_types() -> None:
     assert set(COLUMN_TYPES) >= ONLY_COLUMN_TYPES
     found = [hit for path in sorted(PACKAGE.rglob("*.py")) if path.resolve() not in MODEL_MODULES
              for hit in _spelled_out(path)]
-    assert not found, "spell the column types only in microbatch/column_types.py and column_mappers.py:\n" + \
+    assert not found, "spell the column types only in microbatch/column_types.py and sinks/column_mappers.py:\n" + \
         "\n".join(found)
 
 
-@pytest.mark.parametrize("table", ["DELTA_TYPES", "ICEBERG_SPARK_TYPES", "ICEBERG_TYPES", "SCAFFOLD_SPARK_TYPES",
-                                   "SAMPLE_VALUES"])
-def test_every_column_type_has_a_mapping_in_every_table(table: str) -> None:
-    assert set(getattr(column_mappers, table)) == set(COLUMN_TYPES)
+@pytest.mark.parametrize("table", [column_mappers.DELTA_TYPES, column_mappers.ICEBERG_SPARK_TYPES,
+                                   column_mappers.ICEBERG_TYPES, column_types.SCAFFOLD_SPARK_TYPES,
+                                   column_types.SAMPLE_VALUES])
+def test_every_column_type_has_a_mapping_in_every_table(table: dict[str, object]) -> None:
+    assert set(table) == set(COLUMN_TYPES)
 
 
 def test_every_column_type_has_a_postgres_and_an_iceberg_type() -> None:
@@ -58,6 +61,6 @@ def test_every_column_type_has_a_postgres_and_an_iceberg_type() -> None:
 
 
 def test_spark_types_infer_column_types_and_the_facts_name_column_types() -> None:
-    assert set(column_mappers.POSTGRES_FOR_SPARK.values()) <= set(COLUMN_TYPES)
-    assert column_mappers.spec_type_for_spark("decimal(10,2)") in COLUMN_TYPES
+    assert set(column_types.POSTGRES_FOR_SPARK.values()) <= set(COLUMN_TYPES)
+    assert column_types.spec_type_for_spark("decimal(10,2)") in COLUMN_TYPES
     assert set(TIME_TYPES) <= set(CALENDAR_TYPES) <= set(COLUMN_TYPES)

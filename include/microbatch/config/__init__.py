@@ -7,8 +7,7 @@ connection id, and the connection (or an environment variable) holds the address
 The models live in this package's modules; every name is handed on here, as `microbatch.config.<name>`.
 """
 
-from microbatch.column_mappers import POSTGRES_FOR_SPARK
-from microbatch.column_types import TIME_TYPES, ColumnType
+from microbatch.column_types import POSTGRES_FOR_SPARK, TIME_TYPES, ColumnType
 from microbatch.config.columns import (
     KEYS_FROM,
     SOURCE_COORDINATES,

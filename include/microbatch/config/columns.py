@@ -7,8 +7,8 @@ from dataclasses import dataclass
 from dataclasses import field as dataclass_field
 from typing import Any, Literal
 
-from microbatch.column_mappers import POSTGRES_FOR_SPARK
 from microbatch.column_types import (
+    POSTGRES_FOR_SPARK,
     TIME_TYPES,
     ColumnType,  # noqa: F401  (re-exported: its old home)
 )

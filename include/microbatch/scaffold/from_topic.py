@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from microbatch.column_mappers import spec_type_for_spark
+from microbatch.column_types import spec_type_for_spark
 from microbatch.config import SOURCE_COORDINATES
 from microbatch.errors import SpecError
 from microbatch.formats.inference import Sample, quote_sql, unique

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from microbatch.column_mappers import SAMPLE_VALUES, SCAFFOLD_SPARK_TYPES
+from microbatch.column_types import SAMPLE_VALUES, SCAFFOLD_SPARK_TYPES
 from microbatch.formats.json import JsonFormat
 from microbatch.formats.text import TextFormat
 

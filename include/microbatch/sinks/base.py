@@ -41,11 +41,11 @@ from sqlalchemy.orm import Session
 from sqlalchemy.types import TypeEngine
 
 from microbatch import failpoints
-from microbatch.column_mappers import postgres_types
 from microbatch.config import SOURCE_COORDINATES, PipelineSpec, SinkSpec
 from microbatch.errors import MicrobatchError
 from microbatch.ledger.fragments import staged_rows
 from microbatch.ledger.lake import table_write
+from microbatch.sinks.column_mappers import postgres_types
 from microbatch.types import OffsetRange, TableWrite, micros_time
 
 if TYPE_CHECKING:

@@ -45,7 +45,6 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.orm import Session
 
-from microbatch.column_mappers import DELTA_TYPES as MAPPED_DELTA_TYPES
 from microbatch.config import SOURCE_COORDINATES, DeltaSink, PipelineSpec
 from microbatch.errors import MicrobatchError, SpecError
 from microbatch.ledger import lake
@@ -67,6 +66,7 @@ from microbatch.sinks.base import (
     table_asset,
 )
 from microbatch.sinks.base import tombstone_sql as base_tombstone_sql
+from microbatch.sinks.column_mappers import DELTA_TYPES
 from microbatch.types import OffsetRange, TableWrite
 
 if TYPE_CHECKING:
@@ -87,7 +87,6 @@ SPARK_SESSION_CONF = {
 }
 """What a Spark session (spark-submit, or the Connect server) needs to write Delta tables."""
 
-DELTA_TYPES = MAPPED_DELTA_TYPES
 COORDINATE_TYPES = {"topic": "string", "partition": "integer", "offset": "long"}
 DELETED = "_deleted"
 """An upsert table's tombstone flag: the key's row is a tombstone (readers select `NOT _deleted`)."""

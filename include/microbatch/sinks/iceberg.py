@@ -40,8 +40,6 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.orm import Session
 
-from microbatch.column_mappers import ICEBERG_SPARK_TYPES, iceberg_type
-from microbatch.column_mappers import ICEBERG_TYPES as MAPPED_ICEBERG_TYPES
 from microbatch.column_types import LOCAL_TIME, ZONED_TIME
 from microbatch.config import SOURCE_COORDINATES, IcebergSink, PipelineSpec
 from microbatch.errors import MicrobatchError, RowCountError, SpecError
@@ -64,6 +62,8 @@ from microbatch.sinks.base import (
     TableView,
     table_asset,
 )
+from microbatch.sinks.column_mappers import ICEBERG_SPARK_TYPES as SPARK_TYPES
+from microbatch.sinks.column_mappers import ICEBERG_TYPES, iceberg_type
 from microbatch.sinks.delta import (
     WAREHOUSE_ENV,
     Owner,
@@ -88,8 +88,6 @@ SUMMARY_KEY = "microbatch"
 OUTPUT_TIMESTAMP = "spark.sql.parquet.outputTimestampType"
 ATTEMPT_DIR = re.compile(r"microbatch-(\d+)-(\d+)")
 
-SPARK_TYPES = ICEBERG_SPARK_TYPES
-ICEBERG_TYPES = MAPPED_ICEBERG_TYPES
 COORDINATES = {"topic": "text", "partition": "integer", "offset": "bigint"}
 
 

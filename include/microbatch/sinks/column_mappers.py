@@ -1,26 +1,13 @@
-"""The spec's column types (`microbatch.column_types`) in each target's spelling: one table or function per target.
+"""The spec's column types (`microbatch.column_types`) in each sink target's spelling: one mapper per target.
 
-Postgres (SQLAlchemy types), Spark SQL (the spec type of a Spark type, for inference and the spec's examples),
-Delta, Iceberg (the Spark type its files are written with, and pyiceberg's type), and the scaffold (Spark type
-constructors and a sample value). SQLAlchemy and pyiceberg are imported only when their mapper is called.
+Postgres (SQLAlchemy types), Delta (its primitive types), Iceberg (the Spark type its files are written with, and
+its own type). SQLAlchemy and pyiceberg are imported only when their mapper is called.
 """
 
 from __future__ import annotations
 
 from functools import cache
 from typing import Any
-
-from microbatch.column_types import NUMERIC
-
-POSTGRES_FOR_SPARK = {"string": "text", "binary": "bytea", "bigint": "bigint", "int": "integer",
-                      "smallint": "smallint", "tinyint": "smallint", "boolean": "boolean", "double": "double precision",
-                      "float": "real", "timestamp": "timestamptz", "timestamp_ntz": "timestamp", "date": "date"}
-"""A column type to declare for a Spark SQL type, for the examples of the spec's error sentences."""
-
-
-def spec_type_for_spark(spark: str) -> str:
-    """The sink column type of a Spark SQL type: numeric for any decimal."""
-    return NUMERIC if spark.startswith("decimal") else POSTGRES_FOR_SPARK[spark]
 
 
 @cache
@@ -87,18 +74,3 @@ def iceberg_type(spec_type: str) -> Any:
             "float": FloatType(), "decimal(38, 9)": DecimalType(38, 9), "boolean": BooleanType(),
             "timestamptz": TimestamptzType(), "timestamp": TimestampType(), "date": DateType(),
             "binary": BinaryType()}[ICEBERG_TYPES[spec_type]]
-
-
-# The Spark type `from_json` reads each column type as (the scaffold's transform is written with it).
-SCAFFOLD_SPARK_TYPES = {
-    "text": "StringType()", "bigint": "LongType()", "integer": "IntegerType()", "smallint": "ShortType()",
-    "double precision": "DoubleType()", "real": "FloatType()", "numeric": "DecimalType(38, 10)",
-    "boolean": "BooleanType()", "timestamptz": "TimestampType()", "timestamp": "TimestampNTZType()",
-    "date": "DateType()", "jsonb": "StringType()", "bytea": "BinaryType()", "uuid": "StringType()",
-}
-SAMPLE_VALUES: dict[str, object] = {
-    "text": "x", "bigint": 1, "integer": 1, "smallint": 1, "double precision": 1.5, "real": 1.5, "numeric": 1.5,
-    "boolean": True, "timestamptz": "2026-11-25T10:00:00Z", "timestamp": "2026-11-25T10:00:00",
-    "date": "2026-11-25", "jsonb": "x", "bytea": "x", "uuid": "00000000-0000-0000-0000-000000000001",
-}
-"""A value of each column type in the scaffold's unit test (a JSON value that `from_json` reads as it)."""
