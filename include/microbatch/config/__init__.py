@@ -7,12 +7,10 @@ connection id, and the connection (or an environment variable) holds the address
 The models live in this package's modules; every name is handed on here, as `microbatch.config.<name>`.
 """
 
+from microbatch.column_types import POSTGRES_FOR_SPARK, TIME_TYPES, ColumnType
 from microbatch.config.columns import (
     KEYS_FROM,
-    POSTGRES_FOR_SPARK,
     SOURCE_COORDINATES,
-    TIME_TYPES,
-    ColumnType,
     OutputTopic,
     SinkModel,
 )

@@ -7,13 +7,14 @@ from dataclasses import dataclass
 from dataclasses import field as dataclass_field
 from typing import Any, Literal
 
+from microbatch.column_types import (
+    POSTGRES_FOR_SPARK,
+    TIME_TYPES,
+    ColumnType,  # noqa: F401  (re-exported: its old home)
+)
 from microbatch.config.primitives import _check_identifier, _Strict
 from microbatch.config.source import SourceSpec
 from microbatch.formats.record import record_key_columns
-
-ColumnType = Literal["text", "bigint", "integer", "smallint", "double precision", "real", "numeric", "boolean",
-                     "timestamptz", "timestamp", "date", "jsonb", "bytea", "uuid"]
-"""The PostgreSQL types a sink column may have."""
 
 SOURCE_COORDINATES = ("topic", "partition", "offset")
 """Columns the platform adds to row sinks: where each row came from. A spec may not declare them."""
@@ -100,9 +101,6 @@ def _check_keys_given(keys_from: str, keys: list[str]) -> None:
         raise ValueError("keys: list the key columns, or set keys_from: record_key to key the table by the record key")
 
 
-TIME_TYPES = ("timestamptz", "timestamp")
-
-
 def _keyed_by_record(sink: Any, source: SourceSpec) -> Any:
     """`sink` (an upsert sink with `keys_from: record_key`) with its `keys` set to the record key's columns, which
     it must declare; ValueError with one sentence naming the field otherwise."""
@@ -122,12 +120,6 @@ def _keyed_by_record(sink: Any, source: SourceSpec) -> Any:
                          "`timestamp` or a decoded time), since a tombstone takes part in the order by its record "
                          "timestamp; or remove order_by to keep Kafka's order (the latest offset wins)")
     return sink.model_copy(update={"keys": list(key_columns)})
-
-
-POSTGRES_FOR_SPARK = {"string": "text", "binary": "bytea", "bigint": "bigint", "int": "integer",
-                      "smallint": "smallint", "tinyint": "smallint", "boolean": "boolean", "double": "double precision",
-                      "float": "real", "timestamp": "timestamptz", "timestamp_ntz": "timestamp", "date": "date"}
-"""A column type to declare for a Spark SQL type, for the examples of the spec's error sentences."""
 
 
 def _check_upsert_columns(keys: list[str], order_by: str | None, delete_column: str | None,

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from microbatch.config import POSTGRES_FOR_SPARK, SOURCE_COORDINATES
+from microbatch.column_types import spec_type_for_spark
+from microbatch.config import SOURCE_COORDINATES
 from microbatch.errors import SpecError
 from microbatch.formats.inference import Sample, quote_sql, unique
 from microbatch.formats.registry import FORMATS
@@ -71,7 +72,7 @@ class Inference:
 
 def postgres_type(spark: str) -> str:
     """The sink column type of a Spark SQL type: numeric for any decimal."""
-    return "numeric" if spark.startswith("decimal") else POSTGRES_FOR_SPARK[spark]
+    return spec_type_for_spark(spark)
 
 
 def infer_side(side: str, datas: list[bytes | None], records: set[str], sink: set[str],

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import get_args
 
-from microbatch.config import SOURCE_COORDINATES, ColumnType
+from microbatch.column_types import COLUMN_TYPES, TEXT
+from microbatch.config import SOURCE_COORDINATES
 from microbatch.errors import SpecError
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -19,13 +19,13 @@ def parse_columns(text: str) -> dict[str, str]:
     columns: dict[str, str] = {}
     for entry in filter(None, (part.strip() for part in text.split(","))):
         name, _, kind = entry.partition(":")
-        name, kind = name.strip(), kind.strip() or "text"
+        name, kind = name.strip(), kind.strip() or TEXT
         if not _NAME.match(name) or name in SOURCE_COORDINATES:
             raise SpecError(f"'{name}' is not a column name a pipeline can declare.",
                             fix="Use lower-case letters, digits and _, and not topic, partition or offset.")
-        if kind not in get_args(ColumnType):
+        if kind not in COLUMN_TYPES:
             raise SpecError(f"Column '{name}' has the type '{kind}', which a sink does not support.",
-                            fix=f"Use one of: {', '.join(get_args(ColumnType))}.")
+                            fix=f"Use one of: {', '.join(COLUMN_TYPES)}.")
         columns[name] = kind
     if not columns:
         raise SpecError("--columns declares no column.", fix="Give NAME:TYPE pairs, e.g. id:text,amount:bigint.")

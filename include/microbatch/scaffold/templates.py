@@ -9,6 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from microbatch.column_types import SAMPLE_VALUES, SCAFFOLD_SPARK_TYPES
 from microbatch.formats.json import JsonFormat
 from microbatch.formats.text import TextFormat
 
@@ -17,12 +18,7 @@ if TYPE_CHECKING:
 
 DEFAULT_JSON_COLUMNS = {"id": "text", "amount": "bigint"}
 # The Spark type `from_json` reads each column type as (the transform's copy is written with it).
-SPARK_TYPES = {
-    "text": "StringType()", "bigint": "LongType()", "integer": "IntegerType()", "smallint": "ShortType()",
-    "double precision": "DoubleType()", "real": "FloatType()", "numeric": "DecimalType(38, 10)",
-    "boolean": "BooleanType()", "timestamptz": "TimestampType()", "timestamp": "TimestampNTZType()",
-    "date": "DateType()", "jsonb": "StringType()", "bytea": "BinaryType()", "uuid": "StringType()",
-}
+SPARK_TYPES = SCAFFOLD_SPARK_TYPES
 
 
 @dataclass(frozen=True)
@@ -213,9 +209,7 @@ def test_good_records_become_rows_and_bad_ones_dead_letters(spark: SparkSession)
 
 
 def _sample(kind: str) -> object:
-    return {"bigint": 1, "integer": 1, "smallint": 1, "double precision": 1.5, "real": 1.5, "numeric": 1.5,
-            "boolean": True, "timestamptz": "2026-11-25T10:00:00Z", "timestamp": "2026-11-25T10:00:00",
-            "date": "2026-11-25", "uuid": "00000000-0000-0000-0000-000000000001"}.get(kind, "x")
+    return SAMPLE_VALUES.get(kind, "x")
 
 
 def _json(value: object) -> str:

@@ -40,7 +40,6 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import sqlalchemy as sa
 from sqlalchemy import text
-from sqlalchemy.dialects import postgresql
 from sqlalchemy.orm import Session
 from sqlalchemy.types import TypeEngine
 
@@ -49,6 +48,7 @@ from microbatch.config import SOURCE_COORDINATES, PipelineSpec, SinkSpec
 from microbatch.errors import MicrobatchError
 from microbatch.ledger.fragments import staged_rows
 from microbatch.ledger.lake import table_write
+from microbatch.sinks.column_mappers import postgres_types
 from microbatch.sinks.contexts import (
     AssetRef,
     LineagePlaces,
@@ -88,22 +88,7 @@ def quote(identifier: str) -> str:
     return '"' + identifier.replace('"', '""') + '"'
 
 
-_SQL_TYPES: dict[str, Any] = {
-    "text": sa.Text,
-    "bigint": sa.BigInteger,
-    "integer": sa.Integer,
-    "smallint": sa.SmallInteger,
-    "double precision": postgresql.DOUBLE_PRECISION,
-    "real": postgresql.REAL,
-    "numeric": sa.Numeric,
-    "boolean": sa.Boolean,
-    "timestamptz": lambda: postgresql.TIMESTAMP(timezone=True),
-    "timestamp": lambda: postgresql.TIMESTAMP(timezone=False),
-    "date": sa.Date,
-    "jsonb": postgresql.JSONB,
-    "bytea": postgresql.BYTEA,
-    "uuid": postgresql.UUID,
-}
+_SQL_TYPES: dict[str, Any] = postgres_types()
 
 
 def tombstone_sql(sink: Any, alias: str, name: Callable[[str], str] = quote) -> str:

@@ -10,6 +10,7 @@ from typing import Any
 
 from microbatch.config import SOURCE_COORDINATES, DeltaSink, PipelineSpec
 from microbatch.errors import SpecError
+from microbatch.sinks.column_mappers import DELTA_TYPES
 from microbatch.sinks.lakehouse import Owner, batch_of, location, microbatch_meta
 
 SNAPSHOT_PARTITIONS = "spark.databricks.delta.snapshotPartitions"
@@ -17,12 +18,6 @@ SNAPSHOT_PARTITIONS = "spark.databricks.delta.snapshotPartitions"
 HISTORY_WINDOW = 500
 """How many recent versions the stage searches for its batch before reading the whole history."""
 
-# The spec's column types (PostgreSQL names) as Delta's primitive types.
-DELTA_TYPES = {
-    "text": "string", "bigint": "long", "integer": "integer", "smallint": "short", "double precision": "double",
-    "real": "float", "numeric": "decimal(38,9)", "boolean": "boolean", "timestamptz": "timestamp",
-    "timestamp": "timestamp_ntz", "date": "date", "jsonb": "string", "bytea": "binary", "uuid": "string",
-}
 COORDINATE_TYPES = {"topic": "string", "partition": "integer", "offset": "long"}
 DELETED = "_deleted"
 """An upsert table's tombstone flag: the key's row is a tombstone (readers select `NOT _deleted`)."""

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from microbatch.config import IcebergSink, PipelineSpec
 from microbatch.errors import SpecError
+from microbatch.sinks.column_mappers import ICEBERG_TYPES, iceberg_type
 from microbatch.sinks.lakehouse import Owner, batch_of, commit_metadata, location, microbatch_meta, warehouse
 
 if TYPE_CHECKING:
@@ -22,12 +23,6 @@ CATALOG = "microbatch"
 SUMMARY_KEY = "microbatch"
 """The snapshot summary's property that holds the batch."""
 
-# The spec's column types (PostgreSQL names) as Iceberg's type.
-ICEBERG_TYPES = {
-    "text": "string", "bigint": "long", "integer": "int", "smallint": "int", "double precision": "double",
-    "real": "float", "numeric": "decimal(38, 9)", "boolean": "boolean", "timestamptz": "timestamptz",
-    "timestamp": "timestamp", "date": "date", "jsonb": "string", "bytea": "binary", "uuid": "string",
-}
 COORDINATES = {"topic": "text", "partition": "integer", "offset": "bigint"}
 
 
@@ -129,24 +124,7 @@ def _schema(sink: IcebergSink) -> Any:
 
 
 def _type(spec_type: str) -> Any:
-    from pyiceberg.types import (
-        BinaryType,
-        BooleanType,
-        DateType,
-        DecimalType,
-        DoubleType,
-        FloatType,
-        IntegerType,
-        LongType,
-        StringType,
-        TimestampType,
-        TimestamptzType,
-    )
-
-    return {"string": StringType(), "long": LongType(), "int": IntegerType(), "double": DoubleType(),
-            "float": FloatType(), "decimal(38, 9)": DecimalType(38, 9), "boolean": BooleanType(),
-            "timestamptz": TimestamptzType(), "timestamp": TimestampType(), "date": DateType(),
-            "binary": BinaryType()}[ICEBERG_TYPES[spec_type]]
+    return iceberg_type(spec_type)
 
 
 def _transform(name: str | None) -> Any:

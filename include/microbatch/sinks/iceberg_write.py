@@ -8,11 +8,13 @@ import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from microbatch.column_types import LOCAL_TIME, ZONED_TIME
 from microbatch.config import IcebergSink
 from microbatch.errors import MicrobatchError, RowCountError, SpecError
 from microbatch.ledger import lake
 from microbatch.sinks.audit import no_coordinates
 from microbatch.sinks.base import AFTER_LAKE_COMMIT, BEFORE_LAKE_COMMIT
+from microbatch.sinks.column_mappers import ICEBERG_SPARK_TYPES as SPARK_TYPES
 from microbatch.sinks.contexts import RelandContext, StageContext
 from microbatch.sinks.iceberg_table import (
     COORDINATES,
@@ -35,12 +37,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("microbatch.maintenance")
 OUTPUT_TIMESTAMP = "spark.sql.parquet.outputTimestampType"
 
-# The spec's column types (PostgreSQL names) as the Spark type the files are written with.
-SPARK_TYPES = {
-    "text": "string", "bigint": "bigint", "integer": "int", "smallint": "int", "double precision": "double",
-    "real": "float", "numeric": "decimal(38,9)", "boolean": "boolean", "timestamptz": "timestamp",
-    "timestamp": "timestamp_ntz", "date": "date", "jsonb": "string", "bytea": "binary", "uuid": "string",
-}
 
 
 def partition_keys(sink: IcebergSink) -> list[Column]:
@@ -54,13 +50,13 @@ def partition_keys(sink: IcebergSink) -> list[Column]:
         if transform is None:
             keys.append(column)
             continue
-        if type_ == "timestamptz":
+        if type_ == ZONED_TIME:
             micros = F.unix_micros(column)
             day = F.floor(micros / 86_400_000_000)
             hour = F.floor(micros / 3_600_000_000)
         else:  # a timestamp without time zone or a date: their calendar fields need no time zone
             day = F.unix_date(F.to_date(column))
-            hour = day * 24 + F.hour(column) if type_ == "timestamp" else None
+            hour = day * 24 + F.hour(column) if type_ == LOCAL_TIME else None
         date = F.date_from_unix_date(day.cast("int"))
         keys.append({"day": day, "hour": hour, "month": F.year(date) * 12 + F.month(date),
                      "year": F.year(date)}[transform])

@@ -29,6 +29,7 @@ from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy.dialects import postgresql
 
+from microbatch.column_types import COLUMN_TYPES
 from microbatch.config import PipelineSpec, load_spec, spec_paths
 from microbatch.errors import SpecError
 from microbatch.ledger.database import MIGRATE_LOCK_NAMESPACE, get_engine, upgrade_ledger
@@ -39,8 +40,7 @@ log = logging.getLogger(__name__)
 
 _AGAIN = "run microbatch migrate again"
 _MAX_NAME = 63
-_SPEC_TYPE_NAMES = ("text", "bigint", "integer", "smallint", "double precision", "real", "numeric", "boolean",
-                    "timestamptz", "timestamp", "date", "jsonb", "bytea", "uuid")
+_SPEC_TYPE_NAMES = COLUMN_TYPES
 
 
 def sink_metadata(spec: PipelineSpec) -> sa.MetaData:

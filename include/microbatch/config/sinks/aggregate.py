@@ -6,7 +6,8 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from microbatch.config.columns import ColumnType, SinkModel, _check_columns
+from microbatch.column_types import ColumnType
+from microbatch.config.columns import SinkModel, _check_columns
 from microbatch.config.primitives import _check_identifier, _Strict
 
 

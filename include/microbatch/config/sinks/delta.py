@@ -6,10 +6,10 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from microbatch.column_types import CALENDAR_TYPES, ColumnType
 from microbatch.config.columns import (
     KEYS_FROM,
     SOURCE_COORDINATES,
-    ColumnType,
     SinkModel,
     _check_keys_given,
     _check_row_columns,
@@ -89,7 +89,7 @@ class DeltaSink(SinkModel):
             if not column or column not in known:
                 raise ValueError(f"partition_by: '{item}' is neither a column nor year|month|day|hour(column) of "
                                  "a declared column")
-            if match.group(1) and self.columns.get(column) not in ("timestamptz", "timestamp", "date"):
+            if match.group(1) and self.columns.get(column) not in CALENDAR_TYPES:
                 raise ValueError(f"partition_by: '{item}' needs a timestamp or date column")
         return self
 

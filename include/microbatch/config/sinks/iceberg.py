@@ -6,7 +6,8 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from microbatch.config.columns import SOURCE_COORDINATES, ColumnType, SinkModel, _check_row_columns
+from microbatch.column_types import CALENDAR_TYPES, DATE, ColumnType
+from microbatch.config.columns import SOURCE_COORDINATES, SinkModel, _check_row_columns
 from microbatch.config.primitives import _check_identifier
 from microbatch.config.sinks.lake import _PARTITION_TRANSFORM, LakeMaintenance
 
@@ -59,9 +60,9 @@ class IcebergSink(SinkModel):
             if not column or column not in known:
                 raise ValueError(f"partition_by: '{item}' is neither a column nor year|month|day|hour(column) of "
                                  "a declared column")
-            if match.group(1) and self.columns.get(column) not in ("timestamptz", "timestamp", "date"):
+            if match.group(1) and self.columns.get(column) not in CALENDAR_TYPES:
                 raise ValueError(f"partition_by: '{item}' needs a timestamp or date column")
-            if match.group(1) == "hour" and self.columns.get(column) == "date":
+            if match.group(1) == "hour" and self.columns.get(column) == DATE:
                 raise ValueError(f"partition_by: '{item}' needs a timestamp column (a date has no hour)")
         return self
 

@@ -7,7 +7,8 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from microbatch.config.columns import SOURCE_COORDINATES, ColumnType, OutputTopic, SinkModel, _check_row_columns
+from microbatch.column_types import ColumnType
+from microbatch.config.columns import SOURCE_COORDINATES, OutputTopic, SinkModel, _check_row_columns
 from microbatch.config.primitives import _check_identifier
 
 

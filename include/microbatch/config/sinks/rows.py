@@ -6,9 +6,9 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from microbatch.column_types import ColumnType
 from microbatch.config.columns import (
     KEYS_FROM,
-    ColumnType,
     SinkModel,
     _check_keys_given,
     _check_row_columns,
