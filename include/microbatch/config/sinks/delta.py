@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from microbatch.column_types import CALENDAR_TYPES, ColumnType
+from microbatch.column_types import ColumnType
 from microbatch.config.columns import (
     KEYS_FROM,
     SOURCE_COORDINATES,
@@ -16,7 +16,7 @@ from microbatch.config.columns import (
     _check_upsert_columns,
 )
 from microbatch.config.primitives import _check_identifier
-from microbatch.config.sinks.lake import _PARTITION_TRANSFORM, LakeMaintenance
+from microbatch.config.sinks.lake import LakeMaintenance, check_partition_by, partition_columns
 
 
 class DeltaSink(SinkModel):
@@ -83,14 +83,7 @@ class DeltaSink(SinkModel):
         known = {*self.columns, *SOURCE_COORDINATES}
         if self.keys_from == "columns":
             _check_upsert_columns(self.keys, self.order_by, self.delete_column, self.columns, known=known)
-        for item in self.partition_by:
-            match = _PARTITION_TRANSFORM.fullmatch(item)
-            column = match and (match.group(2) or match.group(3))
-            if not column or column not in known:
-                raise ValueError(f"partition_by: '{item}' is neither a column nor year|month|day|hour(column) of "
-                                 "a declared column")
-            if match.group(1) and self.columns.get(column) not in CALENDAR_TYPES:
-                raise ValueError(f"partition_by: '{item}' needs a timestamp or date column")
+        check_partition_by(self.partition_by, self.columns, known, hour_of_date=True)
         return self
 
     @property
@@ -104,12 +97,4 @@ class DeltaSink(SinkModel):
     @property
     def partition_columns(self) -> list[tuple[str, str | None, str]]:
         """(table column, transform or None, source column) for each `partition_by` item."""
-        out = []
-        for item in self.partition_by:
-            match = _PARTITION_TRANSFORM.fullmatch(item)
-            assert match is not None
-            if match.group(1):
-                out.append((f"{match.group(2)}_{match.group(1)}", match.group(1), match.group(2)))
-            else:
-                out.append((match.group(3), None, match.group(3)))
-        return out
+        return partition_columns(self.partition_by)

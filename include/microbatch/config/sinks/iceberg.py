@@ -6,10 +6,10 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from microbatch.column_types import CALENDAR_TYPES, DATE, ColumnType
+from microbatch.column_types import ColumnType
 from microbatch.config.columns import SOURCE_COORDINATES, SinkModel, _check_row_columns
 from microbatch.config.primitives import _check_identifier
-from microbatch.config.sinks.lake import _PARTITION_TRANSFORM, LakeMaintenance
+from microbatch.config.sinks.lake import LakeMaintenance, check_partition_by, partition_columns
 
 
 class IcebergSink(SinkModel):
@@ -54,16 +54,7 @@ class IcebergSink(SinkModel):
     @model_validator(mode="after")
     def _partitions_known(self) -> IcebergSink:
         known = {*self.columns, *SOURCE_COORDINATES}
-        for item in self.partition_by:
-            match = _PARTITION_TRANSFORM.fullmatch(item)
-            column = match and (match.group(2) or match.group(3))
-            if not column or column not in known:
-                raise ValueError(f"partition_by: '{item}' is neither a column nor year|month|day|hour(column) of "
-                                 "a declared column")
-            if match.group(1) and self.columns.get(column) not in CALENDAR_TYPES:
-                raise ValueError(f"partition_by: '{item}' needs a timestamp or date column")
-            if match.group(1) == "hour" and self.columns.get(column) == DATE:
-                raise ValueError(f"partition_by: '{item}' needs a timestamp column (a date has no hour)")
+        check_partition_by(self.partition_by, self.columns, known, hour_of_date=False)
         return self
 
     @property
@@ -77,12 +68,4 @@ class IcebergSink(SinkModel):
     @property
     def partition_columns(self) -> list[tuple[str, str | None, str]]:
         """(partition field name, transform or None, source column) for each `partition_by` item."""
-        out = []
-        for item in self.partition_by:
-            match = _PARTITION_TRANSFORM.fullmatch(item)
-            assert match is not None
-            if match.group(1):
-                out.append((f"{match.group(2)}_{match.group(1)}", match.group(1), match.group(2)))
-            else:
-                out.append((match.group(3), None, match.group(3)))
-        return out
+        return partition_columns(self.partition_by)
