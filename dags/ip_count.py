@@ -7,4 +7,4 @@ from microbatch.airflow.dags import backfill_dag, maintenance_dag, pipeline_dag
 
 dag = pipeline_dag("ip_count")
 backfill = backfill_dag("ip_count")
-maintenance = maintenance_dag("ip_count")  # None until the spec has a delta sink
+maintenance = maintenance_dag("ip_count")  # None until the spec has a lakehouse sink

@@ -166,7 +166,9 @@ def _plain_type(schema: dict, defs: dict) -> str:
     return kind + _bounds(schema)
 
 
-def _default(field: dict, required: bool, defs: dict) -> str:
+def _default(field: dict, required: bool, defs: dict, built: Any = None) -> str:
+    """The default column: the schema's default; else what the field's default_factory builds (`built`): a model's
+    own defaults, or for a field with a short form, the short form of its default (`startup: earliest`)."""
     if required:
         return "**required**"
     if "default" in field:
@@ -174,7 +176,15 @@ def _default(field: dict, required: bool, defs: dict) -> str:
     # pydantic leaves a default_factory out of the schema: say what the factory builds
     if _ref_name(field) is not None and "properties" in defs[_ref_name(field)]:
         return "its own defaults"
+    if hasattr(built, "model_dump") and type(built).model_fields:  # a field that also takes a short form
+        return _literal(built.model_dump(mode="json")[next(iter(type(built).model_fields))])
     return {"array": "`[]`", "object": "`{}`"}.get(field.get("type", ""), "")
+
+
+def _built_default(cls: type | None, field: str) -> Any:
+    """What the default_factory of `cls`'s field builds, or None."""
+    info = getattr(cls, "model_fields", {}).get(field)
+    return info.default_factory() if info is not None and info.default_factory is not None else None
 
 
 def _enum_description(field: dict, defs: dict) -> str:
@@ -260,7 +270,9 @@ def spec_reference() -> str:
     for name, where in _models_in_order(schema):
         model = schema if name == schema["title"] else defs[name]
         cls = _model_class(name)
-        docstrings = attribute_docstrings(cls) if cls is not None else {}
+        # a field declared on a base class (every sink's `sql`) keeps the docstring written there
+        docstrings = {k: v for base in reversed(cls.__mro__) for k, v in attribute_docstrings(base).items()} \
+            if cls is not None else {}
         title = f"`{where}`: {name}" if where else f"{name} (the whole spec)"
         out.append(f'<a id="{_anchor(name)}"></a>\n\n### {title}\n')  # an anchor GitHub keeps too
         if model.get("description"):
@@ -269,7 +281,8 @@ def spec_reference() -> str:
         required = set(model.get("required", []))
         for field, sub in model.get("properties", {}).items():
             description = sub.get("description") or docstrings.get(field, "") or _enum_description(sub, defs)
-            out.append(f"| `{field}` | {_cell(_type(sub, defs))} | {_default(sub, field in required, defs)} "
+            default = _default(sub, field in required, defs, _built_default(cls, field))
+            out.append(f"| `{field}` | {_cell(_type(sub, defs))} | {default} "
                        f"| {_cell(_text(description))} |")
         out.append("")
     return "\n".join(out)

@@ -6,6 +6,8 @@ import ast
 import difflib
 import importlib.util
 import re
+import unicodedata
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -145,3 +147,70 @@ def test_the_architecture_page_shows_every_module_of_the_package_one_line_each()
     tree = _layout_tree((ROOT / "docs" / "architecture.md").read_text())
     assert not modules - tree, f"modules missing from the layout tree of docs/architecture.md: {sorted(modules - tree)}"
     assert not tree - modules, f"the layout tree names modules that do not exist: {sorted(tree - modules)}"
+
+
+FENCE = re.compile(r"^(`{3,}|~{3,}).*?^\1[ \t]*$", re.DOTALL | re.MULTILINE)
+HEADING = re.compile(r"^#{1,6}[ \t]+(.+?)[ \t]*#*[ \t]*$", re.MULTILINE)
+LINK = re.compile(r"\]\(((?:[\w./-]+\.md)?)#([^)\s]+)\)")
+
+
+def _heading_text(heading: str) -> str:
+    """A heading as both renderers read it: inline code and links keep only their text."""
+    heading = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", heading)
+    return heading.replace("`", "").replace("*", "")
+
+
+def _github_slug(heading: str) -> str:
+    """GitHub's anchor of a heading: lower case, every character but letters, digits, `_`, `-` and spaces dropped,
+    each space a hyphen."""
+    return re.sub(r"[^\w\- ]", "", _heading_text(heading).lower()).replace(" ", "-")
+
+
+def _mkdocs_slug(heading: str) -> str:
+    """Python-Markdown's toc slugify (mkdocs' default): ASCII only, runs of hyphens and spaces one hyphen."""
+    text = unicodedata.normalize("NFKD", _heading_text(heading)).encode("ascii", "ignore").decode()
+    return re.sub(r"[-\s]+", "-", re.sub(r"[^\w\s-]", "", text).strip().lower())
+
+
+def _anchors(text: str) -> tuple[set[str], set[str]]:
+    """The anchors of a page on GitHub and on the site: its headings' (a repeated heading's -1, -2 ... included)
+    and its HTML anchors."""
+    headings = HEADING.findall(FENCE.sub("", text))
+
+    def slugs(slugify: Callable[[str], str]) -> set[str]:
+        found: set[str] = set()
+        counts: dict[str, int] = {}
+        for heading in headings:
+            base = slugify(heading)
+            found.add(f"{base}-{counts[base]}" if base in counts else base)
+            counts[base] = counts.get(base, 0) + 1
+        return found
+
+    ids = set(re.findall(r'<a id="([\w-]+)"', text))  # an HTML anchor is the same in both
+    return slugs(_github_slug) | ids, slugs(_mkdocs_slug) | ids
+
+
+def test_every_anchor_a_page_links_to_is_the_same_on_github_and_the_site():
+    """A link to `page.md#anchor` works in both renderers: the target heading's slug is that anchor on GitHub and in
+    mkdocs (which `mkdocs build --strict` checks for the site only), and no heading carries a `{#id}` that GitHub
+    would show as text."""
+    broken = []
+    for name, text in _texts().items():
+        source = README if name == "README.md" else ROOT / "docs" / name
+        for target, anchor in LINK.findall(FENCE.sub("", text)):
+            page = (source.parent / target) if target else source
+            if not page.is_file():
+                continue
+            github, mkdocs = _anchors(page.read_text())
+            if anchor not in github or anchor not in mkdocs:
+                broken.append(f"{name}: {target}#{anchor} (GitHub: {anchor in github}, site: {anchor in mkdocs})")
+        braces = [h for h in HEADING.findall(FENCE.sub("", text)) if re.search(r"\{[#.][\w-]+\}$", h)]
+        broken += [f"{name}: heading '{h}' has an attribute GitHub shows as text" for h in braces]
+    assert not broken, broken
+
+
+def test_no_admonition_that_github_shows_as_text():
+    """`!!! tip` is mkdocs' box and raw text on GitHub: the pages use a blockquote (`> **Tip**`) instead."""
+    boxes = [f"{name}:{text.count(chr(10), 0, m.start()) + 1}" for name, text in _texts().items()
+             for m in re.finditer(r"^[ \t]*(!!!|\?\?\?)[ \t]*\w+", FENCE.sub("", text), re.MULTILINE)]
+    assert not boxes, f"admonitions GitHub shows as raw text: {boxes}"

@@ -148,11 +148,12 @@ def show(
     pipeline: str,
     sink: Annotated[str | None, typer.Argument(help="One sink of the pipeline; every sink when omitted.")] = None,
     limit: Annotated[int, typer.Option(min=1, help="Rows to print per sink.")] = 15,
-    count_by: Annotated[str | None, typer.Option(help="Delta sinks: rows per value of this column instead.")] = None,
+    count_by: Annotated[str | None, typer.Option(
+        help="A lakehouse sink's table: rows per value of this column instead.")] = None,
 ) -> None:
     """The pipeline's sinks, in spec order, or SINK only: a table's first rows (the largest sums of an aggregate,
-    the newest rows of a row sink or a Delta table), its row count and totals, and the pipeline's dead letters and
-    late records; a Kafka sink's newest published records and how many of those its commits wrote were
+    the newest rows of a row sink or a lakehouse table), its row count and totals, and the pipeline's dead letters
+    and late records; a Kafka sink's newest published records and how many of those its commits wrote were
     published."""
     from microbatch.config import find_spec
     from microbatch.sinks.registry import sinks_of

@@ -12,10 +12,14 @@ from microbatch.config.primitives import _duration_seconds, _Strict
 
 
 class JobSpec(_Strict):
-    """The Spark transform: `module:function`, called with (kafka DataFrame, options, state)."""
+    """A Python job, for what a sink's `sql` cannot say: the object `transform` names, whose four methods (`parse`,
+    `state_metrics`, `next_state`, `outputs`: `microbatch.transform.SparkJob`) the stage calls. A spec has a job or
+    a `sql` per sink, not both."""
 
     transform: str
+    """`package.module:name` of the job object, e.g. `spark_jobs.clicks:transform`."""
     options: dict[str, Any] = Field(default_factory=dict)
+    """Handed to each of the job's methods as `options`."""
 
     @field_validator("transform")
     @classmethod
