@@ -1,5 +1,5 @@
 """spark-submit entrypoint of a pipeline's `<pipeline>__maintenance` DAG: each sink with a maintenance schedule
-maintains its table (`Sink.maintain`); a Delta sink compacts its small files (`OPTIMIZE`), then removes the files
+maintains its table (`LakeTable.maintain`); a Delta sink compacts its small files (`OPTIMIZE`), then removes the files
 that no retained version needs (`VACUUM ... RETAIN n HOURS`).
 
 Small batches make small files; readers pay for each. Neither step touches the table's log, whose commits

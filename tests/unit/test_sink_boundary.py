@@ -1,6 +1,7 @@
 """The sink boundary (issue 42): no code outside `include/microbatch/sinks/` asks what type a sink is. It asks the
-sink's capabilities (`sinks/base.Sink`) through the registry, so a new sink type touches its module in `sinks/`
-and the spec's union only. Read from the source (ast), so it holds for code no test runs."""
+sink's capabilities (`sinks/base.Sink`, and the mixins of `sinks/capabilities.py`: `isinstance(sink, LakeTable)`)
+through the registry, so a new sink type touches its module in `sinks/` and the spec's union only. Read from the
+source (ast), so it holds for code no test runs."""
 
 import ast
 import re
@@ -10,7 +11,9 @@ from typing import get_args
 import pytest
 
 from microbatch.config import PIPELINES_DIR, SinkSpec, load_spec
+from microbatch.sinks import capabilities
 from microbatch.sinks.base import Sink
+from microbatch.sinks.capabilities import LakeTable, Publisher
 from microbatch.sinks.registry import SINK_TYPES, sinks_of
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -20,8 +23,12 @@ MODULES = sorted(p for p in PACKAGE.rglob("*.py") if SINKS not in p.parents)
 
 SINK_MODELS = get_args(get_args(SinkSpec)[0])
 SINK_TAGS = {tag for model in SINK_MODELS for tag in get_args(model.model_fields["type"].annotation)}
-SINK_CLASSES = {cls.__name__ for cls in SINK_TYPES.values()} | {"Sink"}
-"""The sink classes, and the spec models of sinks (with their bases: `SinkModel`, `_RowSink`)."""
+CAPABILITIES = {LakeTable, Publisher}
+"""The capability mixins: asking `isinstance(sink, LakeTable)` asks what a sink does, not what type it is."""
+SINK_CLASSES = {base.__name__ for cls in SINK_TYPES.values() for base in cls.__mro__
+                if base.__module__.startswith("microbatch.sinks.") and base not in CAPABILITIES}
+"""The sink classes with their bases (`Sink`, `LakehouseSink`), and the spec models of sinks (with their bases:
+`SinkModel`, `_RowSink`)."""
 SINK_CLASSES |= {base.__name__ for model in SINK_MODELS for base in model.__mro__
                  if base.__module__.startswith("microbatch.config.") and base.__name__ not in ("_Strict",)}
 KIND_WORDS = {word for tag in SINK_TAGS for word in tag.split("_")} | {"lake", "lakehouse", "row", "table", "topic"}
@@ -102,6 +109,9 @@ def test_no_code_outside_sinks_asks_a_sinks_type(path: Path):
     "if isinstance(sink, DeltaSink): pass",
     "if isinstance(sink, (config.KafkaSink, PostgresAppendSink)): pass",
     "if type(sink) is PostgresAggregate: pass",
+    "if isinstance(sink, LakehouseSink): pass",
+    "if isinstance(sink, (LakeTable, KafkaTopic)): pass",
+    "if issubclass(cls, Sink): pass",
     "for sink in spec.aggregate_sinks: pass",
     "if spec.lake_sinks or spec.kafka_sinks: pass",
     'late = getattr(sink, "include_late", False)',
@@ -118,6 +128,8 @@ def test_the_check_finds_each_way_of_asking(code: str):
     'if first["type"] == "missing": pass',
     "tcp = conn.type == socket.SOCK_STREAM",
     "publishers = [s for s in sinks_of(spec).values() if s.publishes]",
+    "if isinstance(sink, LakeTable): pass",
+    "shown = [s for s in sinks if isinstance(s, (LakeTable, Publisher))]",
     "if isinstance(value, dict): pass",
     'name = getattr(module, "spark", None)',
     'where = getattr(settings, "path", None)',
@@ -132,13 +144,26 @@ def test_every_table_a_sink_writes_is_an_asset():
     spec = load_spec(PIPELINES_DIR / "clicks.yaml")
     sinks = sinks_of(spec)
     for sink in sinks.values():
-        writes_a_table = sink.table is not None or sink.lake_location is not None or sink.publishes
+        writes_a_table = sink.table is not None or isinstance(sink, LakeTable | Publisher)
         assert bool(sink.assets(spec.name)) == writes_a_table, sink.name
     uris = [ref.uri for sink in sinks.values() for ref in sink.assets(spec.name)]
     assert len(uris) == len(set(uris)), "one URI per asset"
     aggregate = next(s for s in sinks.values() if s.type == "postgres_aggregate")
     assert [(a.name, a.uri) for a in aggregate.assets("clicks")] == [
         (f"microbatch.clicks.{aggregate.table}", f"microbatch://clicks/{aggregate.table}")]
+
+
+def test_the_core_interface_leaves_each_capability_to_its_mixin():
+    """`Sink` has no member of a capability mixin (no no-op defaults); each sink type with a capability answers
+    every member of it (no abstract member left), and the mixins are all that `sinks/capabilities.py` exports."""
+    assert set(capabilities.__all__) == {cls.__name__ for cls in CAPABILITIES}
+    for mixin in CAPABILITIES:
+        members = {name for name in vars(mixin) if not name.startswith("_")} | set(mixin.__annotations__)
+        assert not members & set(dir(Sink)), f"Sink keeps {sorted(members & set(dir(Sink)))} of {mixin.__name__}"
+    for tag, cls in SINK_TYPES.items():
+        assert not getattr(cls, "__abstractmethods__", None), f"{tag} leaves {sorted(cls.__abstractmethods__)}"
+    assert {tag for tag, cls in SINK_TYPES.items() if issubclass(cls, Publisher)} == {"kafka"}
+    assert {tag for tag, cls in SINK_TYPES.items() if issubclass(cls, LakeTable)} == {"delta", "iceberg"}
 
 
 def test_a_sink_type_is_its_module_and_its_class():
@@ -148,7 +173,7 @@ def test_a_sink_type_is_its_module_and_its_class():
         assert issubclass(cls, Sink) and cls.type == tag and cls.__module__ == f"microbatch.sinks.{tag}"
 
 
-SHARED_SINK_MODULES = {"base", "registry", "schema", "__init__"}
+SHARED_SINK_MODULES = {"base", "capabilities", "registry", "schema", "__init__"}
 """The modules of sinks/ the platform may import; every other one is a sink type's (issue 48)."""
 SPARK_JOBS_AND_DAGS = sorted([*(ROOT / "spark_jobs").glob("*.py"), *(ROOT / "dags").glob("*.py")])
 NAMED_ONLY_IN_SINKS = ("iceberg",)

@@ -21,6 +21,7 @@ from microbatch.airflow import hooks
 from microbatch.airflow.operators import STAGE_OPERATORS, LakeMaintenanceOperator, batch_id_list, resolved, task_errors
 from microbatch.config import PipelineSpec, find_spec
 from microbatch.errors import error_summary
+from microbatch.sinks.capabilities import Publisher
 from microbatch.sinks.registry import maintained, publishing, sinks_of
 
 log = logging.getLogger("microbatch")
@@ -176,7 +177,7 @@ def sink_assets(spec: PipelineSpec) -> list[Asset]:
     """The tables every sink but a publishing one writes (Postgres tables, lakehouse tables), updated by
     `commit`; each sink names its assets (`Sink.assets`)."""
     return [Asset(name=ref.name, uri=ref.uri)
-            for sink in sinks_of(spec).values() if not sink.publishes for ref in sink.assets(spec.name)]
+            for sink in sinks_of(spec).values() if not isinstance(sink, Publisher) for ref in sink.assets(spec.name)]
 
 
 def topic_assets(spec: PipelineSpec) -> list[Asset]:

@@ -156,10 +156,11 @@ def show(
     and late records; a Kafka sink's newest published records and how many of those its commits wrote were
     published."""
     from microbatch.config import find_spec
+    from microbatch.sinks.capabilities import LakeTable, Publisher
     from microbatch.sinks.registry import sinks_of
 
     spec = find_spec(pipeline)
-    shown = [s for s in sinks_of(spec).values() if s.table is not None or s.lake_location is not None or s.publishes]
+    shown = [s for s in sinks_of(spec).values() if s.table is not None or isinstance(s, LakeTable | Publisher)]
     chosen = [s for s in shown if s.name == sink] if sink else shown
     if not chosen:
         raise SpecError(f"Pipeline '{pipeline}' has no sink '{sink}'.",
@@ -167,7 +168,7 @@ def show(
     for one in chosen:
         if one.view_order is not None:
             _show_table(pipeline, one, limit)
-        elif one.lake_location is not None:
+        elif isinstance(one, LakeTable):
             _show_lake(one, limit, count_by)
         else:
             _show_published(pipeline, one, limit)
@@ -189,7 +190,9 @@ def _show_table(pipeline: str, sink: Sink, limit: int) -> None:
 def _show_published(pipeline: str, sink: Sink, limit: int) -> None:
     from microbatch.ledger import queries
     from microbatch.ledger.database import transaction
+    from microbatch.sinks.capabilities import Publisher
 
+    assert isinstance(sink, Publisher), "a sink shown by what it published is a Publisher"
     with transaction(_ledger_url()) as session:
         view = queries.published_view(session, _pipeline_id(session, pipeline), sink.name, limit)
     pending = view.written - view.published
@@ -199,8 +202,10 @@ def _show_published(pipeline: str, sink: Sink, limit: int) -> None:
 
 
 def _show_lake(sink: Sink, limit: int, count_by: str | None) -> None:
+    from microbatch.sinks.capabilities import LakeTable
+
+    assert isinstance(sink, LakeTable), "a sink shown by its lakehouse table is a LakeTable"
     view = sink.lake_view(limit, count_by)
-    assert view is not None, "a sink with a lake_location has a lake_view"
     query = f"rows per {count_by}" if count_by else "newest rows"
     _print_rows(f"{sink.name} ({sink.type}, read by {view.reader}): {view.total_rows} rows in version "
                 f"{view.version} of {view.location}, {view.files} files; {query}", view.columns, view.rows)

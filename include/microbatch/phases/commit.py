@@ -29,6 +29,7 @@ from microbatch.ledger import rows
 from microbatch.ledger.models import BACKFILL_KINDS, Batch, BatchKind, BatchState, Pipeline
 from microbatch.phases.results import CommitResult, PositionMove
 from microbatch.sinks.base import CommitContext, watermark_timestamp
+from microbatch.sinks.capabilities import LakeTable, Publisher
 from microbatch.sinks.registry import sinks_of
 from microbatch.types import Gap, OffsetRange, TopicPartition
 
@@ -195,7 +196,7 @@ def _merge_sinks(session: Session, ctx: CommitContext, batch: Batch, result: Com
         merged = sink.merge(session, ctx)
         if merged is not None:
             result.rows_by_sink[sink.name] = merged
-        appended = sink.row_audit == "coordinates" and not sink.writes_in_stage
+        appended = sink.row_audit == "coordinates" and not isinstance(sink, LakeTable)
         if appended and merged is not None and merged != staged_rows.get(sink.name, 0):
             raise RowCountError(
                 f"Batch {ctx.batch_id}: sink {sink.name} merged {merged} rows but {staged_rows.get(sink.name, 0)} "
@@ -216,7 +217,7 @@ def _move_bad_records(session: Session, ctx: CommitContext, batch: Batch, result
 
 def _write_outbox(session: Session, ctx: CommitContext, result: CommitResult) -> None:
     """The outbox rows of every sink that publishes: final windows, or corrections of a backfill."""
-    for sink in ctx.sinks.values():
+    for sink in [s for s in ctx.sinks.values() if isinstance(s, Publisher)]:
         seqs = sink.write_outbox(session, ctx)
         if seqs is not None:
             result.outbox[sink.name] = seqs

@@ -13,6 +13,7 @@ from microbatch.errors import SpecError
 from microbatch.ledger import lake, queries
 from microbatch.ledger import repository as repo
 from microbatch.sinks.base import Sink
+from microbatch.sinks.capabilities import LakeTable
 from microbatch.sinks.registry import sinks_of
 
 
@@ -70,7 +71,9 @@ def finding_lines(pipeline: str, found: OffsetFinding) -> list[str]:
                  + (f": dead letter: {owner.dead_letter}" if owner.dead_letter else "")]
         sinks = sinks_or_none(pipeline)
         for sink, (loc, version) in found.held.items():
-            text = sinks[sink].holding_text(loc, version) if sink in sinks else f"{sink}: in version {version} of {loc}"
+            one = sinks.get(sink)
+            text = (one.holding_text(loc, version) if isinstance(one, LakeTable)
+                    else f"{sink}: in version {version} of {loc}")
             lines.append(f"  {text}")
         return lines
     if owner.kind == "gap":

@@ -2,7 +2,7 @@
 
 For each publishing sink of the pipeline (`sinks/registry.publishing`), under the sink's advisory lock (one live
 publisher per sink), the phase reads the outbox's bounds from the ledger and asks the sink to `publish` the rows
-the topic lacks (`Sink.publish`; the Kafka sink's transactional send is `sinks/kafka_publish.py`), handing it the
+the topic lacks (`Publisher.publish`; the Kafka sink's transactional send is `sinks/kafka_publish.py`), handing it the
 ledger's reads of the pending rows and records of progress; then it records the publish's seconds per batch and
 returns the result. A crash at any point is finished by the next publish, which starts from the topic's tail.
 """
@@ -17,7 +17,8 @@ from microbatch.ledger import repository as repo
 from microbatch.ledger.database import Ledger, publish_lock
 from microbatch.phases.results import PublishResult
 from microbatch.settings import KafkaSettings
-from microbatch.sinks.base import Outbox, PublishRun, Sink
+from microbatch.sinks.base import Outbox
+from microbatch.sinks.capabilities import Publisher
 from microbatch.sinks.registry import sink_for
 
 
@@ -41,31 +42,32 @@ def publish_sink(spec: PipelineSpec, sink: SinkSpec, ledger: Ledger, kafka: Kafk
     """Publish every outbox row of `sink` that the topic does not hold yet; see the module docstring."""
     started = time.monotonic()
     publisher = sink_for(sink)
+    assert isinstance(publisher, Publisher), f"sink {sink.name} publishes nothing"
     with ledger.transaction() as session:
         pipeline = repo.get_pipeline(session, spec.name)
         pipeline_id = pipeline.id if pipeline else None
     if pipeline_id is None:
-        return PublishResult(sink.name, publisher.published_topic or "", 0, 0, 0, 0, 0.0)
+        return PublishResult(sink.name, publisher.published_topic, 0, 0, 0, 0, 0.0)
     with publish_lock(ledger.url, pipeline_id, sink.name):  # one live publisher per sink; see publish_lock
-        return _publish_locked(publisher, ledger, kafka, pipeline_id, started)
+        return _publish_locked(publisher, sink.name, ledger, kafka, pipeline_id, started)
 
 
-def _publish_locked(sink: Sink, ledger: Ledger, kafka: KafkaSettings, pipeline_id: int,
+def _publish_locked(sink: Publisher, name: str, ledger: Ledger, kafka: KafkaSettings, pipeline_id: int,
                     started: float) -> PublishResult:
-    topic = sink.published_topic or ""
-    progress, highest = pending_bounds(ledger, pipeline_id, sink.name)
+    topic = sink.published_topic
+    progress, highest = pending_bounds(ledger, pipeline_id, name)
     if progress >= highest:
         # Progress is written only after a Kafka commit, so it never runs ahead of the topic.
-        return PublishResult(sink.name, topic, progress, progress, 0, 0, time.monotonic() - started)
+        return PublishResult(name, topic, progress, progress, 0, 0, time.monotonic() - started)
 
-    outbox = Outbox(highest, pending=partial(_pending, ledger, pipeline_id, sink.name),
-                    record_progress=partial(_record_progress, ledger, pipeline_id, sink.name))
-    run = sink.publish(outbox, kafka) or PublishRun(progress, progress)
+    outbox = Outbox(highest, pending=partial(_pending, ledger, pipeline_id, name),
+                    record_progress=partial(_record_progress, ledger, pipeline_id, name))
+    run = sink.publish(outbox, kafka)
     assert run.resumed_after is not None
     seconds = time.monotonic() - started
     if run.last > run.resumed_after:
-        _record_publish_seconds(ledger, pipeline_id, sink.name, run.resumed_after, run.last, seconds)
-    return PublishResult(sink.name, topic, run.resumed_after, run.last, run.last - run.resumed_after,
+        _record_publish_seconds(ledger, pipeline_id, name, run.resumed_after, run.last, seconds)
+    return PublishResult(name, topic, run.resumed_after, run.last, run.last - run.resumed_after,
                          run.transactions, seconds)
 
 

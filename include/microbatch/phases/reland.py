@@ -5,7 +5,7 @@ rows deleted behind the ledger's back). A reland reads exactly the batch's commi
 with the formats the batch was decoded with and applies the job from the state the batch started from, as the
 stage did, and replaces the rows of those ranges in that one sink, in one table commit: a Postgres table by one
 transaction (delete the ranges' rows, insert the batch's), a lakehouse table by one table commit of its own
-(`Sink.reland_table`). The ledger records each
+(`LakeTable.reland_table`). The ledger records each
 reland on the batch (`counts.relands`); the batch's offsets, its other sinks, the pipeline's state and its dead
 letters stay as they are. The rows handed to the sink must equal the rows the ledger committed for it, or nothing
 is written."""
@@ -32,6 +32,7 @@ from microbatch.phases.stage_read import Attempt, read_attempt
 from microbatch.phases.stage_records import jdbc_options, write_staging
 from microbatch.settings import KafkaSettings
 from microbatch.sinks.base import RelandContext, Sink
+from microbatch.sinks.capabilities import LakeTable
 from microbatch.sinks.registry import sinks_of
 
 log = logging.getLogger(__name__)
@@ -107,7 +108,7 @@ def reland_batch(spark: SparkSession, spec: PipelineSpec, sink: Sink, batch_id: 
                             fix="Reland with the transform and spec the batch ran with.")
     ctx = RelandContext(spec.name, pipeline_id, current.pipeline_uid, batch_id, whole.attempt, current.ranges, ledger,
                         number=number, rows=expected)
-    if sink.writes_in_stage:
+    if isinstance(sink, LakeTable):
         written = sink.reland_table(rows, ctx)
         version: int | None = written.version
         landed = written.rows

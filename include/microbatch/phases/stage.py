@@ -71,6 +71,7 @@ from microbatch.phases.stage_records import (
 from microbatch.planning import data_loss_at_read, lost_ranges
 from microbatch.settings import KafkaSettings
 from microbatch.sinks.base import StageContext, write_table
+from microbatch.sinks.capabilities import LakeTable
 from microbatch.sinks.registry import sinks_of
 from microbatch.spark_remote import is_unavailable
 from microbatch.spark_session import CONNECT_MODE_ENV, connect_client_scope, connect_session, server_session
@@ -210,7 +211,7 @@ def _stage_outputs(
         job, options, current.partition_keys, count_partitions=current.count_partitions)
     observed = parsed.observe(observation, *[expr.alias(name) for name, expr in metrics.items()])
     sinks = [sink for sink in sinks_of(spec).values() if sink.staging is not None]
-    lake = any(sink.writes_in_stage for sink in sinks)
+    lake = any(isinstance(sink, LakeTable) for sink in sinks)
     tombstones = read.tombstones if read is not None else None
     # One sink: one Spark job reads Kafka, parses, aggregates and writes the staged rows, with the counts and
     # state metrics observed on the way; nothing is cached, so the driver and executor heap stay flat in the
@@ -229,7 +230,7 @@ def _stage_outputs(
     for sink in sinks:
         assert sink.staging is not None
         rows = sink_output(spec, sink, outputs, tombstones)
-        if sink.writes_in_stage:
+        if isinstance(sink, LakeTable):
             written = write_table(sink, rows, ledger, StageContext(spec.name, current.pipeline_id, current.pipeline_uid,
                                                                    current.batch_id, current.attempt, current.ranges))
             rows_by_sink[sink.name] = written.rows

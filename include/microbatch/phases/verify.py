@@ -13,6 +13,7 @@ from microbatch.errors import MicrobatchError, error_summary
 from microbatch.ledger import repository as repo
 from microbatch.phases.audit import audit_rows
 from microbatch.planning import find_holes, find_overlaps
+from microbatch.sinks.capabilities import LakeTable
 from microbatch.sinks.registry import sinks_of
 
 
@@ -42,7 +43,7 @@ def verify_pipeline(session: Session, pipeline: str, pipeline_id: int, spec: Pip
     lake_problems: list[str] = []
     sinks = sinks_of(spec) if spec is not None else {}
     for sink in sinks.values():
-        if sink.lake_location is not None:
+        if isinstance(sink, LakeTable):
             try:
                 lines, found = sink.audit(session, spec, pipeline_id, repo.pipeline_uid(session, pipeline_id))
             except MicrobatchError as exc:

@@ -1,26 +1,27 @@
-"""The one interface of a sink type, called by the stage and the commit phases.
+"""The core interface of a sink type, called by the stage and the commit phases.
 
-A sink type is a subclass of `Sink` that overrides only what it does:
+A sink type is a subclass of `Sink` that overrides only what it does; an optional capability is a mixin of
+`sinks/capabilities.py` that the type subclasses too (`LakeTable`, `Publisher`), never a no-op here:
 
 - **stage** (Spark, before the commit): `staging` names the table the stage writes the job's output for this
   sink to, tagged (batch_id, attempt), and the columns it takes from that output. `None`: nothing is staged.
-  A lakehouse sink (`writes_in_stage`) writes its table itself in `write_in_stage`, as one idempotent table
+  A `LakeTable` writes its table itself in `write_in_stage`, as one idempotent table
   commit; the stage calls `write_table(sink, ...)`, which brackets that write with the ledger's two checks
   (`ledger/lake.table_write`: a zombie attempt writes nothing, and the version that holds the batch is recorded).
 - **backfill**: `check_replay` refuses a replay the sink cannot take, before anything is written.
 - **commit** (one Postgres transaction, the caller's session; a sink never commits): in this order, for each
   sink of the pipeline in spec order, `check_staged`, then `retract` (replay batches only), then `merge`; later
-  `write_outbox`; last `clear_staging`.
+  a `Publisher`'s `write_outbox`; last `clear_staging`.
 - **publish**: a sink that others publish from answers `published_rows` with the rows that became
-  publishable in this commit; a sink that publishes (kafka) reads them in `write_outbox`, and the publish phase
+  publishable in this commit; a `Publisher` (kafka) reads them in `write_outbox`, and the publish phase
   (`phases/publish.py`, after the commit) has it send them in `publish`.
 - **schema** (`microbatch migrate` and the plan check, sinks/schema.py): `tables` defines the sink's tables
-  (the sink table, its staging table, any side table) on a SQLAlchemy `MetaData`; `[]`: it has none. A sink
-  with a lakehouse table migrates and checks it itself (`lake_refusal`, `migrate_lake`, `check_lake`).
+  (the sink table, its staging table, any side table) on a SQLAlchemy `MetaData`; `[]`: it has none. A
+  `LakeTable` migrates and checks its table itself (`lake_refusal`, `migrate_lake`, `check_lake`).
 
-**Capabilities.** Code outside `sinks/` never asks a sink's type: it asks what the sink does (`writes_in_stage`,
-`publishes`, `table`, `lake_location`, `include_late`, `replays_whole_batches`, `assets`, `lineage_output`,
-`maintenance_schedule`, `view_order`, ...; docs/architecture.md has the table). A new sink type is a module
+**Capabilities.** Code outside `sinks/` never asks a sink's type: it asks what the sink does (`table`,
+`include_late`, `replays_whole_batches`, `assets`, `lineage_output`, `view_order`, ..., and whether it is a
+`LakeTable` or a `Publisher`; docs/architecture.md has the table). A new sink type is a module
 `sinks/<type>.py` with one `Sink` subclass whose `type` is the tag, and its spec model in the union of
 `config.SinkSpec`; `registry` finds the module by the tag.
 
@@ -36,7 +37,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import sqlalchemy as sa
 from sqlalchemy import text
@@ -44,7 +45,7 @@ from sqlalchemy.orm import Session
 from sqlalchemy.types import TypeEngine
 
 from microbatch import failpoints
-from microbatch.config import SOURCE_COORDINATES, PipelineSpec, SinkSpec
+from microbatch.config import SOURCE_COORDINATES, SinkSpec
 from microbatch.errors import MicrobatchError
 from microbatch.ledger.fragments import staged_rows
 from microbatch.ledger.lake import table_write
@@ -64,10 +65,9 @@ from microbatch.sinks.contexts import (
 from microbatch.types import OffsetRange, TableWrite, micros_time
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql import DataFrame
 
     from microbatch.ledger.database import Ledger
-    from microbatch.settings import KafkaSettings
 
 __all__ = [  # the contexts live in sinks/contexts.py; callers outside sinks/ import them from here
     "AFTER_LAKE_COMMIT", "BEFORE_LAKE_COMMIT", "AssetRef", "CommitContext", "LineagePlaces", "Outbox", "PublishRun",
@@ -77,9 +77,9 @@ __all__ = [  # the contexts live in sinks/contexts.py; callers outside sinks/ im
 
 log = logging.getLogger(__name__)
 BEFORE_LAKE_COMMIT = failpoints.point("stage.before_lake_commit")
-"""Hit by a `writes_in_stage` sink right before its table's commit (after its data files, if it writes them first)."""
+"""Hit by a `LakeTable` right before its table's commit (after its data files, if it writes them first)."""
 AFTER_LAKE_COMMIT = failpoints.point("stage.after_lake_commit")
-"""Hit by a `writes_in_stage` sink right after its table's commit, before the ledger's record of it is committed."""
+"""Hit by a `LakeTable` right after its table's commit, before the ledger's record of it is committed."""
 
 
 def quote(identifier: str) -> str:
@@ -155,22 +155,15 @@ class CommitContext:
 
 
 class Sink:
-    """A sink of one pipeline: its spec plus what the stage and the commit ask of it. Every default does
-    nothing, so a sink type overrides only the steps it takes part in, and declares its capabilities."""
+    """A sink of one pipeline: its spec plus what the stage and the commit ask of every sink. Every default does
+    nothing, so a sink type overrides only the steps it takes part in; an optional capability is a mixin of
+    `sinks/capabilities.py` (`LakeTable`, `Publisher`)."""
 
     type: ClassVar[str]
     """The spec's `type` that selects this class (and names its module, `sinks/<type>.py`)."""
     staging: Staging | None = None
     spark_session_conf: ClassVar[Mapping[str, str]] = {}
     """Static settings that a Spark session staging this sink needs (a session extension, a catalog)."""
-    writes_in_stage = False
-    """A lakehouse sink: the stage writes its table itself (one idempotent table commit per batch), instead of
-    a Postgres staging table; `staging` then names only the columns it takes."""
-    publishes: ClassVar[bool] = False
-    """Publishes to Kafka: its commit writes outbox rows, which the publish task (after the commit) sends; its
-    assets are the publish task's outlets."""
-    maintenance_summary: ClassVar[str] = ""
-    """What the `<pipeline>__maintenance` DAG does to this sink's table, for the DAG's description."""
     row_audit: str | None = None
     """How `microbatch verify` checks a committed batch's rows (`phases/audit.py`): `coordinates`, an append sink
     whose rows in the batch's ranges must be the rows the stage handed it; `kept`, a sink whose commit keeps
@@ -191,17 +184,6 @@ class Sink:
         return None
 
     @property
-    def lake_location(self) -> str | None:
-        """The folder or URI of the sink's lakehouse table; None: it has none."""
-        return None
-
-    @property
-    def published_topic(self) -> str | None:
-        """The Kafka topic a sink that `publishes` sends its outbox to (what `microbatch show` names); None: it
-        publishes nothing."""
-        return None
-
-    @property
     def include_late(self) -> bool:
         """The stage hands this sink's output the late records too (see `phases/stage.py`); an aggregate never
         takes them, so its windows that may be published stay final."""
@@ -214,11 +196,6 @@ class Sink:
         return False
 
     @property
-    def maintenance_schedule(self) -> str | None:
-        """The schedule of the `<pipeline>__maintenance` DAG that `maintain`s this sink; None: it needs none."""
-        return None
-
-    @property
     def view_order(self) -> tuple[list[str], list[str]] | None:
         """`microbatch show` of the Postgres table: (ORDER BY terms, columns summed in the title); None: the sink
         has no Postgres table. By default the newest rows by source coordinates."""
@@ -226,7 +203,7 @@ class Sink:
 
     def assets(self, pipeline: str) -> list[AssetRef]:
         """The Airflow Assets the sink's output is: its Postgres table, by default, updated by the commit task (by
-        the publish task for a sink that `publishes`)."""
+        the publish task for a `Publisher`)."""
         return [] if self.table is None else [table_asset(pipeline, self.table)]
 
     def lineage_output(self, places: LineagePlaces, rows_by_sink: Mapping[str, int],
@@ -244,38 +221,6 @@ class Sink:
         """Environment a Spark driver of any pipeline needs for this sink type (resolved in the task, so that the
         driver writes where the CLI reads)."""
         return {}
-
-    # --- the lakehouse table, outside Postgres (`microbatch migrate`, the plan check, verify, maintenance) ----
-
-    def lake_refusal(self, ledger_url: str) -> str | None:
-        """The first change of the lakehouse table that `migrate_lake` would refuse, as a sentence; checked before
-        anything is migrated. `ledger_url`: the ledger's database, which may hold the table's catalog."""
-        return None
-
-    def migrate_lake(self, ledger_url: str) -> list[str]:
-        """Create the lakehouse table, or make its additive changes; what was done, one line each."""
-        return []
-
-    def check_lake(self, spec: PipelineSpec, ledger_url: str) -> None:
-        """Refuse (`SpecError`) a batch while the lakehouse table is missing or differs from the spec."""
-        return None
-
-    def audit(self, session: Session, spec: PipelineSpec, pipeline_id: int, uid: str) -> tuple[list[str], list[str]]:
-        """`microbatch verify`: the lakehouse table against the ledger: (summary lines, problems)."""
-        return [], []
-
-    def lake_view(self, limit: int, group_by: str | None) -> TableView | None:
-        """`microbatch show` of the lakehouse table (its newest rows, or row counts per `group_by` value); None: the
-        sink has no lakehouse table."""
-        return None
-
-    def holding_text(self, location: str, version: int) -> str:
-        """How `microbatch find` names the table version (at `location`) that the ledger recorded for a batch."""
-        return f"{self.type} {self.name}: in version {version} of {location}"
-
-    def maintain(self, spark: SparkSession) -> None:
-        """The maintenance DAG's job for this sink (compaction, clean-up), in a spark-submit."""
-        return None
 
     def live_rows(self, session: Session, pipeline_id: int, ranges: Mapping[int, Sequence[OffsetRange]]
                   ) -> dict[int, int]:
@@ -331,17 +276,6 @@ class Sink:
 
         return tombstones.select(*[column(name) for name in like.columns])
 
-    def write_in_stage(self, rows: DataFrame, ctx: StageContext) -> TableWrite:
-        """`writes_in_stage` sinks only: write the batch's `rows` into the table as one idempotent commit that
-        names the batch, unless the table already holds the batch; return the version that holds it. Hit
-        `BEFORE_LAKE_COMMIT` right before the table's commit and `AFTER_LAKE_COMMIT` right after it."""
-        raise NotImplementedError(f"sink type {self.type} stages through Postgres, not in the stage")
-
-    def reland_table(self, rows: DataFrame, ctx: RelandContext) -> TableWrite:
-        """`row_audit == "coordinates"` lakehouse sinks: replace the rows of the batch's ranges by `rows` in one table
-        commit, record the reland in the ledger (`ledger/rows.record_reland`); the version made."""
-        raise NotImplementedError(f"sink type {self.type} relands through Postgres")
-
     def clear_reland(self, session: Session, ctx: RelandContext) -> None:
         """Postgres append sinks: delete what an earlier run of the same reland left staged."""
         raise NotImplementedError(f"sink type {self.type} cannot be relanded")
@@ -382,27 +316,24 @@ class Sink:
         """The rows of this sink that became publishable in this commit; None if there are none."""
         return None
 
-    def outbox_label(self, ctx: CommitContext) -> str:
-        """What this sink's outbox rows of the batch are, for the commit's log line."""
-        return "record(s)"
-
-    def write_outbox(self, session: Session, ctx: CommitContext) -> tuple[int, int] | None:
-        """Write this sink's outbox rows for the batch; (first, last) sequence written, None if none."""
-        return None
-
-    def publish(self, outbox: Outbox, kafka: KafkaSettings) -> PublishRun | None:
-        """`publishes` sinks, in the publish phase (under its lock): send the rows of `outbox` that the topic does not
-        hold yet, recording the progress after each send; what was sent. None: the sink publishes nothing."""
-        return None
-
     def clear_staging(self, session: Session, ctx: CommitContext) -> None:
         """Delete the batch's staged rows, of every attempt."""
         if self.staging is not None:
             session.execute(text(f"DELETE FROM {quote(self.staging.table)} WHERE batch_id = :batch_id"), ctx.staged)
 
 
-def write_table(sink: Sink, rows: DataFrame, ledger: Ledger, ctx: StageContext) -> TableWrite:
-    """The stage's write of a `writes_in_stage` sink: the sink writes the batch's `rows` into its table
+class _WritesInStage(Protocol):
+    """What `write_table` asks of a sink: a `capabilities.LakeTable`'s name and write (that module imports this
+    one, so the mixin is not named here)."""
+
+    @property
+    def name(self) -> str: ...
+
+    def write_in_stage(self, rows: DataFrame, ctx: StageContext) -> TableWrite: ...
+
+
+def write_table(sink: _WritesInStage, rows: DataFrame, ledger: Ledger, ctx: StageContext) -> TableWrite:
+    """The stage's write of a `LakeTable` sink: the sink writes the batch's `rows` into its table
     (`write_in_stage`) unless the attempt is no longer the batch's current one, and the ledger keeps which version
     holds the batch (`ledger/lake.table_write`, in transactions of its own); the version."""
     with table_write(ledger, ctx.pipeline_id, sink.name, ctx.batch_id, ctx.attempt) as write:

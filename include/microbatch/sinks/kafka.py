@@ -23,6 +23,7 @@ from sqlalchemy.orm import Session
 from microbatch.config import KafkaSink
 from microbatch.ledger import repository as repo
 from microbatch.sinks.base import CommitContext, Sink, quote, sql_type, staging_columns
+from microbatch.sinks.capabilities import Publisher
 from microbatch.sinks.contexts import AssetRef, LineagePlaces, Outbox, PublishedRows, PublishRun, Staging, table_asset
 from microbatch.sinks.postgres_append import coordinate_columns, published_staged_rows
 
@@ -39,9 +40,8 @@ def outbox_sql(sink: KafkaSink, rows: PublishedRows) -> str:
                                   ctes=rows.ctes, coordinates=rows.coordinates)
 
 
-class KafkaTopic(Sink):
+class KafkaTopic(Sink, Publisher):
     type = "kafka"
-    publishes = True
     spec: KafkaSink
 
     def __init__(self, spec: KafkaSink) -> None:

@@ -28,6 +28,7 @@ from microbatch.ledger import repository as repo
 from microbatch.ledger.models import BatchState
 from microbatch.runtime import cache_dir
 from microbatch.sinks.base import CommitContext, Sink
+from microbatch.sinks.capabilities import LakeTable
 from microbatch.sinks.contexts import Staging, table_asset
 from microbatch.types import OffsetRange
 
@@ -143,12 +144,11 @@ def view_rows(data: Any, limit: int, group_by: str | None, hidden: set[str] | fr
     return columns, rows
 
 
-class LakehouseSink(Sink):
+class LakehouseSink(Sink, LakeTable):
     """A sink whose lakehouse table the stage writes (see the module's docstring); the ledger's commit checks that
     the version holding the batch is recorded, and commits it. A subclass names what holds a batch (`holding`) and
     the table (`table_name`), and implements the format's part."""
 
-    writes_in_stage = True
     holding: ClassVar[str] = "version"
     """What of the table holds a batch, in sentences: a `version`, a `snapshot`."""
     spec: DeltaSink | IcebergSink
@@ -204,6 +204,9 @@ class LakehouseSink(Sink):
             raise SpecError(f"Sink '{self.name}' has no column '{group_by}'.",
                             fix=f"Use one of: {', '.join(self.spec.columns)}.")
         return self.table_view(limit, group_by)
+
+    def holding_text(self, location: str, version: int) -> str:
+        return f"{self.type} {self.name}: in version {version} of {location}"
 
     def table_view(self, limit: int, group_by: str | None) -> TableView:
         """`lake_view` of the table, once `group_by` is known to be a column of it."""

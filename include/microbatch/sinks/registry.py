@@ -9,6 +9,7 @@ import importlib
 from microbatch.config import SINK_TAGS, PipelineSpec, SinkSpec
 from microbatch.errors import SpecError
 from microbatch.sinks.base import Sink
+from microbatch.sinks.capabilities import LakeTable, Publisher
 
 
 def _implementation(tag: str) -> type[Sink]:
@@ -39,13 +40,15 @@ def sinks_of(spec: PipelineSpec) -> dict[str, Sink]:
 
 
 def publishing(spec: PipelineSpec) -> list[Sink]:
-    """The sinks that publish to Kafka (the publish task sends their outbox rows), in the spec's order."""
-    return [sink for sink in sinks_of(spec).values() if sink.publishes]
+    """The sinks that publish to Kafka (each a `Publisher`: the publish task sends their outbox rows), in the
+    spec's order."""
+    return [sink for sink in sinks_of(spec).values() if isinstance(sink, Publisher)]
 
 
-def maintained(spec: PipelineSpec) -> list[Sink]:
+def maintained(spec: PipelineSpec) -> list[LakeTable]:
     """The sinks that the `<pipeline>__maintenance` DAG maintains, in the spec's order."""
-    return [sink for sink in sinks_of(spec).values() if sink.maintenance_schedule is not None]
+    return [sink for sink in sinks_of(spec).values()
+            if isinstance(sink, LakeTable) and sink.maintenance_schedule is not None]
 
 
 def spark_session_conf(spec: PipelineSpec) -> dict[str, str]:

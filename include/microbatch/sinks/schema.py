@@ -34,6 +34,7 @@ from microbatch.config import PipelineSpec, load_spec, spec_paths
 from microbatch.errors import SpecError
 from microbatch.ledger.database import MIGRATE_LOCK_NAMESPACE, get_engine, upgrade_ledger
 from microbatch.sinks.base import Sink, quote, sql_type
+from microbatch.sinks.capabilities import LakeTable
 from microbatch.sinks.registry import sinks_of
 
 log = logging.getLogger(__name__)
@@ -90,7 +91,7 @@ def _undeclared(spec: PipelineSpec, declared: set[str]) -> list[str]:
     sink names no Postgres table: an iceberg sink's `table` is its catalog table's name."""
     names: list[str] = []
     for sink in sinks_of(spec).values():
-        if sink.lake_location is not None:
+        if isinstance(sink, LakeTable):
             continue
         for attribute in ("table", "staging_table", "contributions_table"):
             name = getattr(sink.spec, attribute, None)
@@ -241,13 +242,13 @@ def apply(connection: sa.Connection, spec: PipelineSpec) -> list[str]:
     changes = plan_changes(connection, sink_metadata(spec))
     if changes.refused:
         raise SpecError(f"{spec.name}: {changes.refused[0]}.")
-    sinks = sinks_of(spec).values()
-    for sink in sinks:  # refuse before anything is changed, here or in Postgres
+    lakes = [sink for sink in sinks_of(spec).values() if isinstance(sink, LakeTable)]
+    for sink in lakes:  # refuse before anything is changed, here or in Postgres
         refused = sink.lake_refusal(url_of(connection))
         if refused:
             raise SpecError(f"{spec.name}: sink '{sink.name}': {refused}.")
     apply_changes(connection, changes)
-    lake = [line for sink in sinks for line in sink.migrate_lake(url_of(connection))]
+    lake = [line for sink in lakes for line in sink.migrate_lake(url_of(connection))]
     inspector = sa.inspect(connection)
     missing = [name for name in required_tables(spec) if not inspector.has_table(name)]
     # Not an error here: the plan refuses the pipeline's batches until someone creates them.
@@ -285,7 +286,8 @@ def check_sinks(connection: sa.Connection, spec: PipelineSpec, sinks: Mapping[st
         raise SpecError(f"{spec.name}: the sink tables lack what the spec declares ({'; '.join(changes.additive)}); "
                         "run `microbatch migrate`, which adds it.")
     for sink in sinks.values():
-        sink.check_lake(spec, url_of(connection))
+        if isinstance(sink, LakeTable):
+            sink.check_lake(spec, url_of(connection))
 
 
 def _require(connection: sa.Connection, spec: PipelineSpec, declared: set[str]) -> None:
