@@ -104,6 +104,7 @@ class LocalPostgres:
             self._run("pg_ctl", "-D", str(self.data_dir), "-l", str(self.log_file), "-o", options, "-w", "-t", "60",
                       "start")
         except subprocess.CalledProcessError:
+            self.stop()  # a server that pg_ctl gave up waiting for is not left running
             tail = self.log_file.read_text(errors="replace").strip().splitlines()[-1:] if self.log_file.exists() else []
             raise RuntimeError(f"PostgreSQL did not start on 127.0.0.1:{self.port} ({' '.join(tail) or 'no log'}); "
                                f"see {self.log_file}.") from None

