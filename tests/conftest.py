@@ -220,7 +220,7 @@ def pytest_sessionfinish(session: pytest.Session) -> Iterator[None]:
     # Every service a test or a fixture started must have been stopped by now, passed or failed: name any left
     # (and stop it) and fail the run. A worker hands its list to the controller, which checks all markers too.
     controller = session.config.pluginmanager.hasplugin("dsession")
-    found = leftovers.check(with_workers=controller)
+    found = leftovers.check(with_workers=controller, grace_s=10.0 if controller else 3.0)
     if worker:
         getattr(session.config, "workeroutput")[LEFTOVERS_KEY] = found  # noqa: B009
         return result

@@ -2,9 +2,9 @@
 
 Every process a run starts inherits RUN_ENV from it: the run's id in the process that runs the tests, and
 `<id>/<worker>` in each pytest-xdist worker's. A process of the run is one whose environment carries the marker,
-or one that descends from the process checking; this process, its ancestors and the helpers that end with it
-(pyspark's gateway JVM, multiprocessing's resource tracker) are not. The xdist controller checks after its workers
-have ended, for every marker of the run."""
+or a descendant of the process checking that leads a session of its own (a service); this process, its ancestors
+and the helpers that end with it (pyspark's gateway JVM, multiprocessing's resource tracker, any descendant in its
+session) are not. The xdist controller checks once its workers have ended, for every marker of the run."""
 
 from __future__ import annotations
 
@@ -41,16 +41,27 @@ def _helpers() -> set[int]:
 
 
 def _running(marker: str, with_workers: bool) -> list:
-    """The processes of the run of `marker` (with `with_workers`, also those of its xdist workers' markers)."""
+    """The processes of the run of `marker` (with `with_workers`, also those of its xdist workers' markers) that
+    outlive this process: those that carry the marker, and this process's descendants that lead a session of their
+    own (a service started with start_new_session). A descendant in this process's session is left to the check
+    after it (the xdist controller's): most are helpers that end with it."""
     import psutil
 
     me = psutil.Process()
+    session = os.getsid(0)
     spared = {me.pid, *(parent.pid for parent in me.parents()), *_helpers()}
-    found = {child.pid: child for child in me.children(recursive=True)}
+    descendants = {child.pid: child for child in me.children(recursive=True)}
+    found = {}
+    for pid, child in descendants.items():
+        with contextlib.suppress(psutil.Error, OSError):
+            if os.getsid(pid) == pid:
+                found[pid] = child
     for proc in psutil.process_iter():
         try:
             value = proc.environ().get(RUN_ENV)
-        except psutil.Error:  # gone, or another user's
+            if proc.pid in descendants and os.getsid(proc.pid) == session:
+                continue
+        except (psutil.Error, OSError):  # gone, or another user's
             continue
         if value == marker or (with_workers and value and value.startswith(f"{marker}/")):
             found[proc.pid] = proc

@@ -62,7 +62,7 @@ import subprocess
 import pytest
 
 
-def test_kafka_then_postgres(kafka, postgres):
+def test_the_postgres_fixture(postgres):
     raise AssertionError("the postgres fixture cannot start here")
 
 
@@ -107,7 +107,8 @@ def test_a_run_whose_postgres_cannot_start_leaves_no_process_behind(tmp_path: Pa
         check=False, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     output = inner.stdout + inner.stderr
     assert inner.returncode == 1, output
-    assert "1 error" in output and "2 passed" in output, output  # the fixture's PermissionError; the harness's
+    assert "1 error" in output and "2 passed" in output, output  # the fixture's PermissionError; the harness's test
+    assert "PermissionError: [Errno 13] Permission denied" in output, output
     assert "1 processes of this test run were still running at its end (now stopped):" in output, output
     assert "sleep 300" in output, output  # the one the test leaked, named; the brokers were stopped
     left = []
