@@ -9,7 +9,7 @@ TEST_WORKERS ?= 2
 export PYTHONPATH := $(CURDIR)/include:$(CURDIR)
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: demo test unit integration e2e lint jars venv airflow connect registry down bench chaos chaos-cluster cluster soak clean browser prometheus docs docs-generate
+.PHONY: demo up airflow-down test unit integration e2e lint jars venv airflow connect registry down bench chaos chaos-cluster cluster soak clean browser prometheus docs docs-generate
 
 $(STAMP): requirements.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -26,19 +26,31 @@ jars: $(STAMP)
 demo: jars
 	$(PY) -m microbatch.cli demo
 
+# The services only (Kafka, PostgreSQL and the Spark Connect server; no sample data, no DAG run), for your own
+# pipeline (docs/your-own-pipeline.md); reused while they live, `make down` stops them.
+up: jars
+	$(PY) -m microbatch.dev.stack services
+
 test: jars browser prometheus docs
 	$(PY) -m ruff check .
 	rm -rf .cache/test-report && mkdir -p .cache/test-report
 	MICROBATCH_FIXTURE_REPORT=.cache/test-report/fixtures.json $(PY) -m pytest -p no:cacheprovider -n $(TEST_WORKERS) --dist worksteal --timeout=900 --durations=0 --junitxml=.cache/test-report/junit.xml tests $(PYTEST_ARGS) | tee .cache/test-report/pytest.log; status=$${PIPESTATUS[0]}; \
 		$(PY) tests/durations.py .cache/test-report --top 15 || true; exit $$status
 
+# `apt-get install` of package $(1), which `make test` needs for $(2); as root with apt-get only, else one sentence.
+apt_install = { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null || { echo "make test needs $(2) but cannot \
+	install it: it runs apt-get install $(1) only as root on a system with apt-get; install $(1) (its command on \
+	PATH) yourself, e.g. sudo apt-get install $(1), then run make test again." >&2; exit 1; }; \
+	apt-get update -qq && apt-get install -y -qq $(1); }
+
 # Debian's chromium, for the browser test of the ledger page (Playwright drives it; no browser download).
+# Without root or apt-get it stops with what is missing and how to get it (the test does not skip silently).
 browser:
-	command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium)
+	@command -v chromium >/dev/null || $(call apt_install,chromium,Chromium (the browser test of the ledger page))
 
 # Debian's Prometheus server, which the metrics test starts on loopback to scrape `microbatch metrics`.
 prometheus:
-	command -v prometheus >/dev/null || (apt-get update -qq && apt-get install -y -qq prometheus)
+	@command -v prometheus >/dev/null || $(call apt_install,prometheus,Prometheus (the metrics test))
 
 # The docs site (mkdocs-material) into site/; --strict: a broken link, anchor or included file fails the build.
 # The spec and CLI references and the included files are refreshed on the way too (docs/hooks.py).
@@ -68,6 +80,10 @@ connect: jars
 # lives; `make down` stops it and its schemas are gone); `.cache/devstack/env.sh` exports MICROBATCH_SCHEMA_REGISTRY_URL.
 registry: jars
 	$(PY) -m microbatch.dev.stack registry
+
+# `make airflow`'s standalone and every process it started, nothing else: the services keep running.
+airflow-down: $(STAMP)
+	$(PY) -m microbatch.dev.stack airflow-down
 
 down: $(STAMP)
 	$(PY) -m microbatch.dev.stack down

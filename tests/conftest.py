@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import tempfile
 import time
 import uuid
@@ -19,12 +20,17 @@ from pathlib import Path
 import pytest
 
 from microbatch.dev import localenv
+from tests import leftovers
 
 # pytest-xdist's workers get COLUMNS=80 and LINES=24 from execnet; a user's pipe or file has neither, and the CLI's
 # tables are as wide as their values there. The tests run the CLI as the user does.
 if os.environ.get("PYTEST_XDIST_WORKER"):
     for name in ("COLUMNS", "LINES"):
         os.environ.pop(name, None)
+# Every process this run starts carries the run's marker (`<id>/<worker>` in an xdist worker), so that its end finds
+# any it left (tests/leftovers.py, pytest_sessionfinish below).
+_WORKER = os.environ.get("PYTEST_XDIST_WORKER")
+os.environ[leftovers.RUN_ENV] = f"{os.environ.get(leftovers.RUN_ENV)}/{_WORKER}" if _WORKER else uuid.uuid4().hex
 # A fresh Airflow metadata DB per test session, so runs of the suite never see each other's DAG runs.
 os.environ["AIRFLOW_HOME"] = tempfile.mkdtemp(prefix="microbatch-airflow-")
 localenv.apply()
@@ -41,9 +47,11 @@ def postgres(work_dir: Path) -> Iterator[object]:
     from microbatch.dev.postgres import LocalPostgres
 
     server = LocalPostgres(work_dir / "postgres")
-    server.start()
-    yield server
-    server.stop()
+    try:  # a start that fails partway stops what it started too
+        server.start()
+        yield server
+    finally:
+        server.stop()
 
 
 @pytest.fixture(scope="session")
@@ -51,10 +59,12 @@ def kafka(work_dir: Path) -> Iterator[object]:
     from microbatch.dev.kafka import KafkaBroker
 
     broker = KafkaBroker(work_dir / "kafka")
-    broker.start()
-    _migrate_shipped_output_topics(broker.bootstrap_servers)
-    yield broker
-    broker.stop()
+    try:
+        broker.start()
+        _migrate_shipped_output_topics(broker.bootstrap_servers)
+        yield broker
+    finally:
+        broker.stop()
 
 
 def _migrate_shipped_output_topics(bootstrap: str) -> None:
@@ -78,9 +88,11 @@ def spark_connect(work_dir: Path) -> Iterator[object]:
 
     server = SparkConnectServer(work_dir / "connect", master="local[2]", driver_memory="2g",
                                 token=secrets.token_hex(24))
-    server.start()
-    yield server
-    server.stop()
+    try:
+        server.start()
+        yield server
+    finally:
+        server.stop()
 
 
 # The migrated ledger databases this session copies, by the spec files `migrate` read to make them.
@@ -182,7 +194,20 @@ def pytest_fixture_setup(fixturedef: pytest.FixtureDef, request: pytest.FixtureR
         FIXTURE_SECONDS[name] = FIXTURE_SECONDS.get(name, 0.0) + time.monotonic() - started
 
 
-def pytest_sessionfinish(session: pytest.Session) -> None:
+# What the xdist workers found left running at their end (pytest_sessionfinish), for the controller to report.
+WORKER_LEFTOVERS: list[str] = []
+LEFTOVERS_KEY = "leftover_processes"
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: object, error: object) -> None:
+    """pytest-xdist, at the controller: a worker ended; keep what it found left running."""
+    WORKER_LEFTOVERS.extend(f"{node.gateway.id}: {name}"  # type: ignore[attr-defined]
+                            for name in getattr(node, "workeroutput", {}).get(LEFTOVERS_KEY, []))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_sessionfinish(session: pytest.Session) -> Iterator[None]:
     target = os.environ.get(FIXTURE_REPORT_ENV)
     worker = os.environ.get("PYTEST_XDIST_WORKER")
     if target and FIXTURE_SECONDS:  # the xdist controller runs no fixture
@@ -191,3 +216,19 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
             path = path.with_name(f"{path.stem}-{worker}{path.suffix}")
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(FIXTURE_SECONDS, indent=1, sort_keys=True))
+    result = yield  # the other implementations: the xdist controller's stops its workers
+    # Every service a test or a fixture started must have been stopped by now, passed or failed: name any left
+    # (and stop it) and fail the run. A worker hands its list to the controller, which checks all markers too.
+    controller = session.config.pluginmanager.hasplugin("dsession")
+    found = leftovers.check(with_workers=controller, grace_s=10.0 if controller else 3.0)
+    if worker:
+        getattr(session.config, "workeroutput")[LEFTOVERS_KEY] = found  # noqa: B009
+        return result
+    found = WORKER_LEFTOVERS + found
+    if found:
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        lines = [f"{len(found)} processes of this test run were still running at its end (now stopped):", *found]
+        for line in lines:
+            (reporter.write_line(line, red=True) if reporter else print(line, file=sys.stderr))
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    return result

@@ -166,13 +166,16 @@ class Harness:
         localenv.apply()
         os.environ["AIRFLOW_HOME"] = str(self.work / "airflow")
         if self.cluster:
-            self.kafka = KafkaCluster(self.work / "kafka").start()
+            self.kafka = KafkaCluster(self.work / "kafka")
+            self.kafka.start()
             self.bootstrap = self.kafka.bootstrap_servers
             create_topic(self.bootstrap, PROBE, 1)
         else:
-            self.broker = KafkaBroker(self.work / "kafka").start()
+            self.broker = KafkaBroker(self.work / "kafka")
+            self.broker.start()
             self.bootstrap = self.broker.bootstrap_servers
-        self.postgres = LocalPostgres(self.work / "postgres").start()
+        self.postgres = LocalPostgres(self.work / "postgres")
+        self.postgres.start()
         self.postgres.create_database("chaos")
         self.url = self.postgres.url("chaos")
         migrate(self.url)
@@ -204,16 +207,21 @@ class Harness:
                            capture_output=True, text=True, timeout=300)
 
     def close(self) -> None:
+        """Stop everything `start` started, also when it failed partway (what it did not reach is skipped)."""
         self.stop.set()
         for runner in self.runners:
             if runner.poll() is None:
                 runner.kill()
-        for proc in _matching("run_batch.py", self.env["MICROBATCH_PIPELINES_DIR"]):
-            proc.kill()
+        if hasattr(self, "env"):
+            for proc in _matching("run_batch.py", self.env["MICROBATCH_PIPELINES_DIR"]):
+                proc.kill()
         for thread in self.bounces:
             thread.join(timeout=180)
-        (self.kafka if self.cluster else self.broker).stop()
-        self.postgres.stop()
+        kafka = getattr(self, "kafka" if self.cluster else "broker", None)
+        if kafka is not None:
+            kafka.stop()
+        if getattr(self, "postgres", None) is not None:
+            self.postgres.stop()
 
     # input ----------------------------------------------------------------------------------------
     def produce_chunk(self, index: int) -> None:
@@ -819,8 +827,8 @@ def print_report(harness: Harness, checks: list[Check]) -> None:
 def run_and_check(harness: Harness, schedule: list[tuple[str, int]], spacing_s: tuple[float, float]) -> list[Check]:
     """What each fast subset in `make test` does: start, run the schedule, print the report, then require every
     fault applied and every check passed."""
-    harness.start()
     try:
+        harness.start()
         checks = harness.run(schedule, spacing_s=spacing_s)
     finally:
         harness.close()
@@ -854,8 +862,8 @@ def main() -> int:
                       args.pipeline, cluster=args.cluster, partitions=args.partitions, spark_remote=args.spark_remote)
     schedule = harness.full_schedule(args.rounds)
     harness.chunks = max(harness.chunks, len(schedule))  # at least one fresh chunk before every fault
-    harness.start()
     try:
+        harness.start()
         checks = harness.run(schedule)
     finally:
         harness.close()

@@ -72,8 +72,10 @@ class Soak:
     def start(self) -> None:
         localenv.apply()
         os.environ["AIRFLOW_HOME"] = str(self.work / "airflow")
-        self.broker = KafkaBroker(self.work / "kafka").start()
-        self.postgres = LocalPostgres(self.work / "postgres").start()
+        self.broker = KafkaBroker(self.work / "kafka")
+        self.broker.start()
+        self.postgres = LocalPostgres(self.work / "postgres")
+        self.postgres.start()
         self.postgres.create_database("soak")
         self.url = self.postgres.url("soak")
         migrate(self.url)
@@ -96,10 +98,13 @@ class Soak:
                     "MICROBATCH_PIPELINES_DIR": str(self.work / "pipelines")}
 
     def close(self) -> None:
-        for proc in _matching("run_batch.py", self.pipelines) + _matching("microbatch.cli run", self.pipelines):
-            proc.kill()
-        self.broker.stop()
-        self.postgres.stop()
+        """Stop everything `start` started, also when it failed partway (what it did not reach is skipped)."""
+        if hasattr(self, "pipelines"):
+            for proc in _matching("run_batch.py", self.pipelines) + _matching("microbatch.cli run", self.pipelines):
+                proc.kill()
+        for service in (getattr(self, "broker", None), getattr(self, "postgres", None)):
+            if service is not None:
+                service.stop()
 
     # actions --------------------------------------------------------------------------------------
     def produce(self) -> str:
@@ -242,8 +247,8 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="microbatch-soak-"))
     soak = Soak(work, seed)
     started = time.monotonic()
-    soak.start()
     try:
+        soak.start()
         soak.iterate(args.iterations)
         soak.quiesce()
         checks = soak.check()

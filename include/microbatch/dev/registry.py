@@ -141,7 +141,11 @@ class SchemaRegistry:
                 raise RuntimeError(f"Apicurio Registry exited with {process.returncode}; see {self.log_file}")
             return port_open(self.port) and answers(self.url)
 
-        wait_until(ready, timeout, f"Apicurio Registry on {self.url}", self.log_file)
+        try:
+            wait_until(ready, timeout, f"Apicurio Registry on {self.url}", self.log_file)
+        except BaseException:  # a registry that did not come up is not left running
+            self.stop()
+            raise
         log.info("Apicurio Registry %s up on %s (pid %s)", APICURIO_VERSION, self.url, process.pid)
         return self
 

@@ -192,7 +192,11 @@ class SparkConnectServer:
             return port_open(self.port)
 
         # Never the remote itself in a message: it holds the token.
-        wait_until(ready, timeout, f"Spark Connect server on {display(self.remote)}", self.log_file)
+        try:
+            wait_until(ready, timeout, f"Spark Connect server on {display(self.remote)}", self.log_file)
+        except BaseException:  # a server that did not come up is not left running
+            self.stop()
+            raise
         log.info("Spark Connect server up on %s (pid %s)%s", display(self.remote), process.pid,
                  ", token required" if self.token else "")
         return self

@@ -3,11 +3,12 @@ run, on which ports, and how to stop every process they started. Each service is
 this one (kafka.py, postgres.py, spark.py, registry.py, airflow.py), finding and stopping their processes is
 stopping.py; the jars come from `microbatch.runtime`.
 
-`python -m microbatch.dev.stack up|connect|registry|down|clean|cluster|env|jars` manages a detached stack for the
-demo and the UI; `connect` adds a Spark Connect server for pipelines in `spark.mode: connect`, `registry` a schema
-registry (Apicurio, in memory); `make airflow` records its `airflow standalone` here (`record_airflow`), `down` stops
-all of it and `clean` removes its data (`make clean`). The registry's first start fetches its distribution (no
-shipped pipeline needs it yet).
+`python -m microbatch.dev.stack services|up|connect|registry|airflow-down|down|clean|cluster|env|jars` manages a
+detached stack for the demo and the UI; `services` (`make up`) starts Kafka, PostgreSQL and Spark Connect, `up`
+the first two; `connect` adds a Spark Connect server for pipelines in `spark.mode: connect`, `registry` a schema
+registry (Apicurio, in memory); `make airflow` records its `airflow standalone` here (`record_airflow`),
+`airflow-down` stops that alone, `down` stops all of it and `clean` removes its data (`make clean`). The
+registry's first start fetches its distribution (no shipped pipeline needs it yet).
 """
 
 from __future__ import annotations
@@ -104,8 +105,12 @@ def up() -> dict[str, str]:
     broker = KafkaBroker(root / "kafka", state.get("kafka_port"), state.get("controller_port"))
     postgres = LocalPostgres(root / "postgres", state.get("postgres_port"))
     postgres.start()
-    postgres.create_database(DATABASE)
-    broker.start()
+    try:
+        postgres.create_database(DATABASE)
+        broker.start()
+    except BaseException:  # nothing recorded yet, so `down` would not find it: stop it here
+        postgres.stop()
+        raise
     env = {"MICROBATCH_KAFKA_BOOTSTRAP": broker.bootstrap_servers, "MICROBATCH_LEDGER_URL": postgres.url()}
     connect = {key: state[key] for key in _CONNECT_KEYS if key in state}
     if connect and _connect_alive(state):
@@ -247,6 +252,26 @@ def record_airflow() -> None:
                  "airflow_started": me.create_time(), "airflow_home": os.environ["AIRFLOW_HOME"]})
 
 
+def services() -> dict[str, str]:
+    """`make up`: the services only (Kafka, PostgreSQL and the Spark Connect server, each reused while it lives),
+    no sample data and no DAG run; return their environment. A service that does not start raises RuntimeError."""
+    env = up()
+    connect()
+    return {**env, **_load_state().get("env", {})}
+
+
+def stop_airflow() -> int:
+    """Stop the stack's `airflow standalone` and every process it started, nothing else (the services keep
+    running); return how many processes there were."""
+    state = _load_state()
+    stopped = stop_processes(airflow_processes(state), timeout=30)
+    if state:
+        _save_state({key: value for key, value in state.items() if key not in _AIRFLOW_KEYS})
+    print(f"airflow standalone stopped ({stopped} processes); the services keep running" if stopped
+          else "no airflow standalone of the local stack runs")
+    return stopped
+
+
 def down() -> None:
     """Stop everything the stack started: `airflow standalone` and every process it started, the Spark
     Connect server, the schema registry, Kafka and PostgreSQL, then any process left that carries the stack's id.
@@ -289,6 +314,10 @@ def clean() -> None:
     removed = [str(folder) for folder in folders if folder.exists()]
     for folder in folders:
         shutil.rmtree(folder, ignore_errors=True)
+    if os.geteuid() == 0:  # the PostgreSQL data that a private checkout keeps in /var/tmp (dev/postgres_root.py)
+        from microbatch.dev.postgres_root import prune
+
+        removed += [str(folder) for folder in prune()]
     print(f"removed {', '.join(removed)}" if removed else "nothing to remove")
     if other_ledger and default.exists():
         print(f"left the lake tables in {default}: {LEDGER_URL_ENV} names a ledger that `make clean` does not "
@@ -331,8 +360,18 @@ def main(argv: list[str]) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     logging.getLogger("kafka").setLevel(logging.WARNING)
     command = argv[0] if argv else "up"
-    if command == "up":
+    if command == "services":
+        try:
+            services()
+        except RuntimeError as exc:  # one sentence and the log, not a traceback
+            print(f"The local stack did not start: {exc} Fix the cause in that log, then run `make down` and "
+                  "`make up` again.", file=sys.stderr)
+            return 1
+        print(f"source {cache_dir() / 'devstack' / 'env.sh'}   # the services' environment, for your own clients")
+    elif command == "up":
         up()
+    elif command == "airflow-down":
+        stop_airflow()
     elif command == "connect":
         connect()
     elif command == "registry":
@@ -350,8 +389,8 @@ def main(argv: list[str]) -> int:
             print(f"{kind} jars: {ensure_jars(kind)}")
         print(f"formats jar: {formats_jar()}")
     else:
-        print("usage: python -m microbatch.dev.stack up|connect|registry|down|clean|cluster|env|jars",
-              file=sys.stderr)
+        print("usage: python -m microbatch.dev.stack "
+              "services|up|connect|registry|airflow-down|down|clean|cluster|env|jars", file=sys.stderr)
         return 2
     return 0
 
