@@ -94,7 +94,7 @@ def test_spec_refusals_name_the_field():
 
 
 def test_the_subject_follows_the_topic_or_is_named(tmp_path: Path):
-    base = {"name": "p", "schedule": None, "job": {"transform": "spark_jobs.payments:transform"},
+    base = {"name": "p", "schedule": None, "job": {"transform": "spark_jobs.payments_example:transform"},
             "sinks": [{"name": "s", "type": "postgres_append", "table": "s", "columns": {"amount": "bigint"}}]}
     value = {"format": "avro", "fields": {"amount": "bigint"}}
 

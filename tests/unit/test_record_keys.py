@@ -17,7 +17,7 @@ BASE = {
     "source": {"topics": ["payments"], "key": "text",
                "value": {"format": "json", "fields": {"payment_id": "string", "amount_cents": "bigint",
                                                       "ts": "timestamp"}, "required": ["payment_id"]}},
-    "job": {"transform": "spark_jobs.payments:transform"},
+    "job": {"transform": "spark_jobs.payments_example:transform"},
     "sinks": [{"name": "latest", "type": "postgres_upsert", "table": "latest", "keys_from": "record_key",
                "columns": {"key_text": "text", "amount_cents": "bigint", "ts": "timestamptz"}}],
 }
