@@ -5,8 +5,8 @@
   versions (v2 adds `currency` with a default), keyed by payment id (`source.key: text`), with tombstones and the
   hazards: an unknown schema id, plain Avro without the header, a truncated payload, a value shorter than the header;
 - `source.value: {format: avro, fields: ...}` into the payments job's upsert keyed by the record key and its windowed
-  aggregate (`spark_jobs/payments.py`), first through the suite's Spark Connect server (`spark.mode: auto`) with a
-  Connect Python worker killed mid-decode and the runner killed on both sides of the commit;
+  aggregate (`spark_jobs/payments_example.py`), first through the suite's Spark Connect server (`spark.mode: auto`)
+  with a Connect Python worker killed mid-decode and the runner killed on both sides of the commit;
 - then v3 changes `amount_cents` to a double: a new batch is refused in one sentence before anything is written;
 - then, with the registry stopped, a replay of a partition through spark-submit decodes with the schemas the ledger
   pinned (the same tables), and a scheduled run fails in one sentence, nothing written.
@@ -152,7 +152,7 @@ def write_spec(directory: Path, topic: str, spark_mode: str) -> Path:
         "name": PIPELINE, "schedule": None,
         "source": {"topics": [topic], "max_records_per_batch": 200, "commit_group_offsets": False, "key": "text",
                    "value": {"format": "avro", "fields": FIELDS}},
-        "job": {"transform": "spark_jobs.payments:transform",
+        "job": {"transform": "spark_jobs.payments_example:transform",
                 "options": {"window_seconds": WINDOW, "allowed_lateness_seconds": 3600}},
         "sinks": [
             {"name": "payments_latest", "type": "postgres_upsert", "table": "payments_latest",
@@ -264,7 +264,8 @@ def test_avro_through_a_registry_exactly_once_and_replayed_with_the_pinned_schem
     output = refused.stdout + refused.stderr
     assert refused.returncode != 0
     assert (f"source.value.fields.amount_cents: the field 'amount_cents' of the reader schema (subject '{subject}' "
-            "version 3) reads as double, not bigint; declare `amount_cents: double`") in output, output[-3000:]
+            "version 3) reads as double, not bigint; if a newer version changed its type, pin the reader schema to "
+            "the last version where it is bigint (`version: N` in source.value") in output, output[-3000:]
     assert batch_count(ledger_url) == before
 
     # The registry is down: a replay decodes with the schemas the ledger pinned, through spark-submit.

@@ -1,6 +1,6 @@
 """Real Kafka records end to end (issue 43): keyed JSON payment events with headers and tombstones, their value decoded
 by the platform (`source.value: json` with declared fields, `source.key: text`), on real Kafka, Postgres, Spark and
-Airflow (`dag.test()`), into three sinks of `spark_jobs/payments.py`:
+Airflow (`dag.test()`), into three sinks of `spark_jobs/payments_example.py`:
 
 - `payments_latest`, a `postgres_upsert` keyed by the record key (`keys_from: record_key`): per key, the latest
   record in Kafka's order, a tombstone (the key with a null value) deleting it;
@@ -167,7 +167,7 @@ def write_spec(directory: Path, topic: str, spark_mode: str) -> Path:
         "source": {"topics": [topic], "max_records_per_batch": 250, "commit_group_offsets": False,
                    "include_headers": True, "key": "text",
                    "value": {"format": "json", "fields": FIELDS, "required": REQUIRED}},
-        "job": {"transform": "spark_jobs.payments:transform",
+        "job": {"transform": "spark_jobs.payments_example:transform",
                 "options": {"window_seconds": WINDOW, "allowed_lateness_seconds": 3600}},
         "sinks": [
             {"name": "payments_latest", "type": "postgres_upsert", "table": "payments_latest",

@@ -1,7 +1,8 @@
 """The tutorial, docs/your-own-pipeline.md, as written: every ```bash block of the page runs, in order, with
 bash -e, in a fresh copy of the repository (its tracked files, `.venv` linked to this checkout's). The test
 session's Kafka and PostgreSQL stand in for the stack `make demo` leaves running: the environment holds their
-addresses and `.cache/devstack/env.sh` exports them, as the stack's does, and the copy's Airflow home
+addresses and `.cache/devstack/env.sh` exports them, as the stack's does, its `.cache/jars/kafka` is the broker's
+jars (the page creates its topic with Kafka's own kafka-topics.sh class from them), and the copy's Airflow home
 (`.cache/airflow`) holds a migrated metadata DB, as `make demo` leaves it (the fresh home's `airflow db migrate` is
 the demo test's). The page is YAML-first: `new --from-topic`
 writes the `orders` pipeline from the topic, its table then holds exactly the orders the page produced (its bad
@@ -19,6 +20,7 @@ import pytest
 from sqlalchemy import text
 
 from microbatch.ledger.database import transaction
+from microbatch.runtime import ensure_jars
 from tests.e2e.helpers import migrated_airflow_home
 from tests.e2e.test_demo_e2e import VENV, _fresh_copy, _user_env
 
@@ -30,12 +32,15 @@ BLOCK = re.compile(r"^```bash\n(.*?)^```", re.DOTALL | re.MULTILINE)
 def test_the_tutorial_runs_as_written(service_env, ledger_url, tmp_path: Path) -> None:
     blocks = BLOCK.findall((ROOT / "docs" / "your-own-pipeline.md").read_text())
     assert len(blocks) >= 5 and "microbatch new orders --from-topic orders" in blocks[1]
+    assert "microbatch.dev" not in blocks[0] and "--create --if-not-exists --topic orders" in blocks[0]  # issue 64
     copy = _fresh_copy(tmp_path / "repo")
     (copy / ".venv").symlink_to(VENV)
     devstack = copy / ".cache" / "devstack"
     devstack.mkdir(parents=True)
     (devstack / "env.sh").write_text("".join(f"export {k}='{v}'\n" for k, v in service_env.items()))
     migrated_airflow_home(copy / ".cache" / "airflow")  # the home `make demo` migrated (localenv's AIRFLOW_HOME)
+    (copy / ".cache" / "jars").mkdir()  # the broker's jars `make demo` fetched: the page's kafka-topics.sh class
+    (copy / ".cache" / "jars" / "kafka").symlink_to(ensure_jars("kafka"), target_is_directory=True)
     env = {**_user_env(copy), **service_env, "PYTHONPATH": f"{copy / 'include'}{os.pathsep}{copy}"}
 
     outputs = []

@@ -66,9 +66,16 @@ def test_the_declared_fields_are_checked_against_the_reader_schema_in_one_senten
     where = "the reader schema (subject 'pay-value' version 3)"
     fmt = avro({"payment_id": "string", "amount": {"type": "bigint", "from": "amount_cents"}, "status": "string"})
     assert fmt.reader_problem(READER, "value", "pay-value", 3) is None
+    assert field_problem(avro({"amount_cents": "int"}).spec, READER, "value", "pay-value", 1) == (
+        "value.fields.amount_cents: the field 'amount_cents' of the reader schema (subject 'pay-value' version 1) "
+        "reads as bigint, not int; declare `amount_cents: bigint`")
+    # A later version: a type change first names pinning the reader version and the migrate path (issue 64).
     assert field_problem(avro({"amount_cents": "int"}).spec, READER, "value", "pay-value", 3) == (
-        f"value.fields.amount_cents: the field 'amount_cents' of {where} reads as bigint, not int; declare "
-        "`amount_cents: bigint`")
+        f"value.fields.amount_cents: the field 'amount_cents' of {where} reads as bigint, not int; if a newer "
+        "version changed its type, pin the reader schema to the last version where it is int (`version: N` in "
+        "source.value, docs/formats.md) and the sink keeps its column, or read it under a new name "
+        "(`amount_cents_bigint: {type: bigint, from: amount_cents}` and a sink column of that name, which `microbatch "
+        "migrate` adds: it never changes a column's type); else declare `amount_cents: bigint`")
     missing = avro({"merchant": "string"}).reader_problem(READER, "value", "pay-value", 3)
     assert missing == (f"value.fields.merchant: 'merchant' is not a field of {where}; its fields are payment_id, "
                        "amount_cents, status, either; declare one of them, or read another name with `from`")
@@ -94,7 +101,7 @@ def test_spec_refusals_name_the_field():
 
 
 def test_the_subject_follows_the_topic_or_is_named(tmp_path: Path):
-    base = {"name": "p", "schedule": None, "job": {"transform": "spark_jobs.payments:transform"},
+    base = {"name": "p", "schedule": None, "job": {"transform": "spark_jobs.payments_example:transform"},
             "sinks": [{"name": "s", "type": "postgres_append", "table": "s", "columns": {"amount": "bigint"}}]}
     value = {"format": "avro", "fields": {"amount": "bigint"}}
 

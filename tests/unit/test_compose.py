@@ -106,13 +106,32 @@ def test_the_schema_registry_service_runs_the_local_stacks_version_and_every_air
 
     all_services = services()
     registry = all_services["apicurio-registry"]
-    assert registry["image"] == f"apicurio/apicurio-registry-mem:{APICURIO_VERSION}"  # in memory, as locally
+    assert registry["image"] == f"apicurio/apicurio-registry-sql:{APICURIO_VERSION}"  # the local stack's version
     assert "ports" not in registry  # the compose network only (tests/unit/test_compose_security.py)
     for name in AIRFLOW:
         service = all_services[name]
         url = urlsplit(service["environment"][SCHEMA_REGISTRY_URL_ENV])
         assert (url.scheme, url.hostname, url.port, url.path) == ("http", "apicurio-registry", 8080, CCOMPAT_PATH)
         assert service["depends_on"]["apicurio-registry"] == {"condition": "service_started"}
+
+
+def test_the_schema_registry_keeps_its_schemas_in_the_stacks_postgres_and_defaults_to_backward():
+    """Issue 64: compose's registry kept its schemas in memory and took any new version (Apicurio's default, NONE)."""
+    from microbatch.dev.registry import COMPATIBILITY
+
+    all_services = services()
+    registry = all_services["apicurio-registry"]
+    env = registry["environment"]
+    assert env["REGISTRY_RULES_GLOBAL_COMPATIBILITY"] == COMPATIBILITY == "BACKWARD"  # as the local stack's
+    storage = url(env["REGISTRY_DATASOURCE_URL"].removeprefix("jdbc:"))
+    assert (storage.drivername, storage.host, storage.port) == ("postgresql", "postgres", 5432)
+    ledger = url(all_services["airflow-scheduler"]["environment"][LEDGER_URL_ENV])
+    assert storage.database not in (ledger.database, "airflow"), "the registry's tables in a database of their own"
+    init = all_services["postgres"]["entrypoint"][-1]
+    assert f"CREATE DATABASE {storage.database} OWNER {env['REGISTRY_DATASOURCE_USERNAME']};" in init
+    assert env["REGISTRY_DATASOURCE_USERNAME"] == ledger.username
+    assert env["REGISTRY_DATASOURCE_PASSWORD"] == "${MICROBATCH_DB_PASSWORD:?run include/docker/make-env.sh}"
+    assert registry["depends_on"]["postgres"] == {"condition": "service_healthy"}
 
 
 def test_the_compose_scheduler_preloads_the_task_modules_as_the_local_stack_does():

@@ -17,7 +17,7 @@ BASE = {
     "source": {"topics": ["payments"], "key": "text",
                "value": {"format": "json", "fields": {"payment_id": "string", "amount_cents": "bigint",
                                                       "ts": "timestamp"}, "required": ["payment_id"]}},
-    "job": {"transform": "spark_jobs.payments:transform"},
+    "job": {"transform": "spark_jobs.payments_example:transform"},
     "sinks": [{"name": "latest", "type": "postgres_upsert", "table": "latest", "keys_from": "record_key",
                "columns": {"key_text": "text", "amount_cents": "bigint", "ts": "timestamptz"}}],
 }
@@ -56,7 +56,12 @@ def test_record_keyed_upsert_takes_the_decoded_keys_and_survives_a_round_trip(tm
 
 
 @pytest.mark.parametrize(("change", "words"), [
-    (lambda s: s["sinks"][0]["columns"].pop("key_text"), "keyed by the record key's column(s) key_text; declare"),
+    (lambda s: s["sinks"][0]["columns"].pop("key_text"), "keyed by the record key's column(s) key_text (the key "
+     "decoded as UTF-8 by `source.key: text`); declare them in its columns, e.g. `key_text: text`, and keep them in "
+     "its rows"),
+    # issue 64: a sink that declares key_text without a key format is told which setting decodes the key into it
+    (lambda s: s["source"].pop("key"), "column(s) key (the key's bytes, as no source.key format is set; "
+     "`source.key: text` decodes it into key_text); declare"),
     (lambda s: s["sinks"][0].update(keys=["amount_cents"]), "takes its keys from the record key (key_text); remove"),
     (lambda s: s["sinks"][0].update(order_by="amount_cents"), "order_by 'amount_cents' must be a timestamptz"),
     (lambda s: s["sinks"][0].update(keys_from="columns"), "keys: list the key columns, or set keys_from"),

@@ -64,6 +64,12 @@ def test_new_refuses_an_existing_name_and_bad_input_before_writing(tmp_path: Pat
     assert scaffold.parse_columns("a:text, b:double precision") == {"a": "text", "b": "double precision"}
 
 
+def test_a_first_pipeline_may_be_called_payments_the_documented_example_is_payments_example() -> None:
+    """Issue 64: `microbatch new payments` was refused while the example job shipped as spark_jobs/payments.py."""
+    assert set(scaffold.check_new_name("payments")) == {"spec", "transform", "test", "dag"}
+    assert (scaffold.ROOT / "spark_jobs" / "payments_example.py").is_file()
+
+
 def test_the_shipped_clicks_spec_uses_the_five_sink_types_and_the_transforms_outputs() -> None:
     spec = find_spec("clicks")
     assert sorted(s.type for s in spec.sinks) == ["delta", "kafka", "postgres_aggregate", "postgres_append",

@@ -1,4 +1,5 @@
-"""Run a pipeline's DAG locally with `dag.test()`: real tasks, real spark-submit, no scheduler.
+"""Run a pipeline's DAG locally with `dag.test()`: real tasks, real spark-submit, no scheduler. A spec without its
+DAG file in dags/ runs too: the DAG built from the spec is written to Airflow's metadata DB first.
 
 Used by `microbatch run`, `make demo` and the end-to-end tests.
 """
@@ -13,6 +14,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 from microbatch.dev import localenv
 from microbatch.errors import SpecError
@@ -121,8 +123,6 @@ def run_once(pipeline: str, backfill: dict | None = None, maintenance: bool = Fa
     serve_only_the_current_task_api()
     from microbatch.airflow.dags import backfill_dag, maintenance_dag, pipeline_dag, sync_dag_files
 
-    with metadata_db():
-        sync_dag_files()  # dag.test() syncs again, then finds every row current: no insert races another run
     if maintenance:
         dag = maintenance_dag(pipeline)
         if dag is None:
@@ -132,6 +132,10 @@ def run_once(pipeline: str, backfill: dict | None = None, maintenance: bool = Fa
                             "own tools.")
     else:
         dag = backfill_dag(pipeline) if backfill is not None else pipeline_dag(pipeline)
+    with metadata_db():
+        sync_dag_files()  # dag.test() syncs again, then finds every row current: no insert races another run
+        if serialize_without_file(dag):  # a spec without its DAG file in dags/
+            log.info("%s: no DAG file defines it; serialized the DAG built from its spec", dag.dag_id)
     with prompt_polls():
         dag_run = dag.test(run_conf=backfill)
     # In the order the tasks ran (plan, stage, commit, publish); tasks that never started last.
@@ -141,6 +145,26 @@ def run_once(pipeline: str, backfill: dict | None = None, maintenance: bool = Fa
     tries = [(ti.task_id, ti.start_date, ti.end_date) for ti in instances]
     tries += _earlier_tries(dag.dag_id, dag_run.run_id)
     return RunOutcome(dag_run.run_id, str(dag_run.state), states, *task_seconds(tries))
+
+
+def serialize_without_file(dag: Any) -> bool:
+    """Write `dag`, built from its spec, to Airflow's metadata DB when no DAG file has put it there (a spec without
+    its thin file in dags/): `dag.test()` creates a DAG run only for a serialized DAG ("Cannot create DagRun ... the
+    dag is not serialized") and runs the tasks of the DAG it is given. True when it wrote it; a DAG that has a
+    version already (from its file, or from an earlier run) is left as it is."""
+    from airflow.dag_processing.bundles.manager import DagBundlesManager
+    from airflow.dag_processing.collection import update_dag_parsing_results_in_db
+    from airflow.models.dag_version import DagVersion
+    from airflow.serialization.serialized_objects import LazyDeserializedDAG
+    from airflow.utils.session import create_session
+
+    with create_session() as session:
+        if DagVersion.get_latest_version(dag.dag_id, session=session) is not None:
+            return False
+        bundle = next(iter(DagBundlesManager().get_all_dag_bundles()))
+        update_dag_parsing_results_in_db(bundle.name, None, [LazyDeserializedDAG.from_dag(dag)], {}, None, set(),
+                                         session=session)
+    return True
 
 
 def _earlier_tries(dag_id: str, run_id: str) -> list[tuple[str, datetime | None, datetime | None]]:

@@ -111,8 +111,9 @@ def _keyed_by_record(sink: Any, source: SourceSpec) -> Any:
     missing = [name for name in key_columns if name not in sink.columns]
     if missing:
         example = ", ".join(f"{name}: {POSTGRES_FOR_SPARK.get(key_columns[name], 'text')}" for name in missing)
-        raise ValueError(f"{where} is keyed by the record key's column(s) {', '.join(missing)}; declare them in its "
-                         f"columns, e.g. `{example}`")
+        raise ValueError(f"{where} is keyed by the record key's column(s) {', '.join(missing)} "
+                         f"({_record_key_origin(source)}); declare them in its columns, e.g. `{example}`, and keep "
+                         "them in its rows (its sql or the job selects them from the records)")
     known = {*sink.columns, *SOURCE_COORDINATES}
     _check_upsert_columns(list(key_columns), sink.order_by, sink.delete_column, sink.columns, known=known)
     if sink.order_by is not None and sink.columns.get(sink.order_by) not in TIME_TYPES:
@@ -120,6 +121,16 @@ def _keyed_by_record(sink: Any, source: SourceSpec) -> Any:
                          "`timestamp` or a decoded time), since a tombstone takes part in the order by its record "
                          "timestamp; or remove order_by to keep Kafka's order (the latest offset wins)")
     return sink.model_copy(update={"keys": list(key_columns)})
+
+
+def _record_key_origin(source: SourceSpec) -> str:
+    """Where the record key's columns come from, by `source.key`'s format, for the sentence of a sink lacking them."""
+    fmt = source.key_format.name
+    if fmt == "raw":
+        return "the key's bytes, as no source.key format is set; `source.key: text` decodes it into key_text"
+    if fmt == "text":
+        return "the key decoded as UTF-8 by `source.key: text`"
+    return f"the key's fields decoded by `source.key: {{format: {fmt}}}`, each key_<field>"
 
 
 def _check_upsert_columns(keys: list[str], order_by: str | None, delete_column: str | None,

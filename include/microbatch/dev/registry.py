@@ -1,5 +1,7 @@
 """A real schema registry for the local stack and the tests: Apicurio Registry from Maven Central, in memory, on a free
 loopback port, serving the Confluent-compatible REST API (`/apis/ccompat/v7`) that Avro producers and consumers use.
+Its global compatibility rule is BACKWARD, Confluent's default (`COMPATIBILITY`): a new version a reader of the latest
+cannot read is refused, as docker-compose.yaml's registry refuses it.
 
 Version 2.6.13.Final: it runs on Java 17, the machine's default `java` (the 3.x line needs Java 21). The distribution
 (`io.apicurio:apicurio-registry-app`, classifier `all`, a tar.gz of a Quarkus runner jar and its `lib/`) is fetched
@@ -32,6 +34,11 @@ ARTIFACT = f"io.apicurio:apicurio-registry-app:{APICURIO_VERSION}:tar.gz:all"
 RUNNER_JAR = f"apicurio-registry-app-{APICURIO_VERSION}-runner.jar"
 CCOMPAT_PATH = "/apis/ccompat/v7"
 """The root of the Confluent-compatible API: what a Confluent client takes as the registry's URL."""
+COMPATIBILITY = "BACKWARD"
+"""The registry's default global compatibility rule (Confluent's default; Apicurio's own is none): a subject's new
+version must read what its latest wrote. docker-compose.yaml's registry sets the same
+(REGISTRY_RULES_GLOBAL_COMPATIBILITY). The Confluent API's `GET /config` still answers NONE (it reports only a rule
+set through the API); `PUT /config/SUBJECT` overrides it for one subject."""
 PROCESS_MARKER = b"apicurio-registry-app"
 """In the JVM's command line (the runner jar's name): how the stack recognises its registry's pid."""
 
@@ -122,6 +129,7 @@ class SchemaRegistry:
 
     def command(self, distribution: Path) -> list[str]:
         return ["java", *JVM_OPTIONS, f"-Djava.io.tmpdir={self.work_dir / 'tmp'}",
+                f"-Dregistry.rules.global.compatibility={COMPATIBILITY}",
                 "-Dquarkus.http.host=127.0.0.1", f"-Dquarkus.http.port={self.port}",
                 "-jar", str(distribution / RUNNER_JAR)]
 

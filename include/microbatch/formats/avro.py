@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
@@ -338,9 +339,22 @@ def field_problem(spec: AvroSpec, reader: str, side: str, subject: str, version:
                         f"{'an epoch unit' if declared.unit else 'a format pattern'} does not read; declare "
                         f"`{name}: {actual}`")
         elif str(parse_type(actual)) != declared.type:
-            return (f"{side}.fields.{name}: the field '{avro_name}' of {where} reads as {actual}, not "
-                    f"{declared.type}; declare `{name}: {actual}`")
+            return type_changed(side, name, avro_name, where, actual, declared.type, version)
     return None
+
+
+def type_changed(side: str, name: str, avro_name: str, where: str, actual: str, declared: str, version: int) -> str:
+    """The sentence for a declared field whose reader schema's type differs: for a first version, declare its type;
+    after one, first the fix for a new version that changed the type (pin the reader version, or a new column, which
+    `microbatch migrate` adds), since declaring the new type would not fit the sink's column."""
+    problem = f"{side}.fields.{name}: the field '{avro_name}' of {where} reads as {actual}, not {declared}"
+    if version <= 1:
+        return f"{problem}; declare `{name}: {actual}`"
+    renamed = f"{name}_{re.sub(r'[^a-z0-9]+', '_', actual.lower()).strip('_')}"
+    return (f"{problem}; if a newer version changed its type, pin the reader schema to the last version where it is "
+            f"{declared} (`version: N` in source.{side}, docs/formats.md) and the sink keeps its column, or read it "
+            f"under a new name (`{renamed}: {{type: {actual}, from: {avro_name}}}` and a sink column of that name, "
+            f"which `microbatch migrate` adds: it never changes a column's type); else declare `{name}: {actual}`")
 
 
 def sampled_fields(sample: Sample, schema: str, fmt: str) -> SampledSide:
