@@ -221,8 +221,9 @@ def pytest_sessionfinish(session: pytest.Session) -> Iterator[None]:
     # (and stop it) and fail the run. A worker hands its list to the controller, which checks all markers too.
     controller = session.config.pluginmanager.hasplugin("dsession")
     found = leftovers.check(with_workers=controller, grace_s=10.0 if controller else 3.0)
-    if worker:
-        getattr(session.config, "workeroutput")[LEFTOVERS_KEY] = found  # noqa: B009
+    output = getattr(session.config, "workeroutput", None)  # an xdist worker's (not a pytest a test runs in one)
+    if output is not None:
+        output[LEFTOVERS_KEY] = found
         return result
     found = WORKER_LEFTOVERS + found
     if found:
