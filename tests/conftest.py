@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -52,6 +53,25 @@ def postgres(work_dir: Path) -> Iterator[object]:
         yield server
     finally:
         server.stop()
+        _discard_postgres_data(work_dir / "postgres")
+
+
+def _discard_postgres_data(folder: Path) -> None:
+    """The suite's PostgreSQL data is throwaway: as root it lives under /var/tmp (dev/postgres_root.py), kept until
+    its checkout is gone, so remove the folder, then that data."""
+    shutil.rmtree(folder, ignore_errors=True)
+    if os.geteuid() == 0:
+        from microbatch.dev.postgres_root import prune
+
+        prune()
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """As root, remove the moved PostgreSQL data of test checkouts that are gone (an earlier run's tmp folders)."""
+    if os.geteuid() == 0 and not os.environ.get("PYTEST_XDIST_WORKER"):
+        from microbatch.dev.postgres_root import prune
+
+        prune()
 
 
 @pytest.fixture(scope="session")

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from microbatch.dev import stack
+from microbatch.dev import postgres_root, stack
 
 STACK_LEDGER = "postgresql://microbatch:pw@127.0.0.1:5433/microbatch"
 
@@ -24,6 +24,9 @@ def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     (root / "devstack" / "state.json").write_text(json.dumps({"env": {"MICROBATCH_LEDGER_URL": STACK_LEDGER}}))
     (root / "jars").mkdir()
     monkeypatch.setenv("MICROBATCH_CACHE_DIR", str(root))
+    # As root, clean also prunes the moved PostgreSQL data of checkouts that are gone (dev/postgres_root.py): the
+    # machine's, not this test's; an empty folder of its own here.
+    monkeypatch.setattr(postgres_root, "SHARED_ROOT", tmp_path / "postgres-shared")
     for name in ("MICROBATCH_WAREHOUSE", "MICROBATCH_LEDGER_URL"):
         monkeypatch.delenv(name, raising=False)
     return root
