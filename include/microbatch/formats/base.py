@@ -103,6 +103,17 @@ class Format(ABC, Generic[SpecT]):
     def columns(self) -> dict[str, str]:
         """The columns the job gets from this format: name -> Spark SQL type (`{}`: the bytes stay as they are)."""
 
+    def side_columns(self, side: str) -> dict[str, str]:
+        """The columns of `side` ("key" or "value"): `columns()` unless the format reads its sides differently (a
+        Debezium value has its change's columns beside the row's, its key the primary key's alone)."""
+        return self.columns()
+
+    def key_problem(self, key: Format[Any], key_columns: Mapping[str, Column], columns: Mapping[str, Column],
+                    value_data: Column) -> Column | None:
+        """A value format's check of the record key against its value (the decoded columns of both, by the format's
+        names): a reason where they disagree, else null; None when the format has no such check."""
+        return None
+
     @abstractmethod
     def decode(self, data: Column, subject: str) -> Decoded:
         """The decode of `data`, a binary column, as column expressions; `subject` ("key" or "value") opens each

@@ -29,7 +29,7 @@ def decoded_columns(key: Format[Any], value: Format[Any]) -> dict[str, str]:
     ValueError with one sentence when two of them share a name (Spark's names ignore case)."""
     columns: dict[str, str] = {}
     for side, fmt in (("key", key), ("value", value)):
-        for name, kind in fmt.columns().items():
+        for name, kind in fmt.side_columns(side).items():
             column = column_name(side, fmt, name)
             clash = next((known for known in columns if known.lower() == column.lower()), None)
             if clash is not None:
@@ -62,6 +62,9 @@ def decode_record(key: Format[Any], value: Format[Any], key_data: Column, value_
     for side, fmt, decoded in zip(("key", "value"), (key, value), decodes, strict=True):
         columns.update({column_name(side, fmt, name): column for name, column in decoded.columns.items()})
     reasons = [decoded.reason for decoded in decodes]
+    paired = value.key_problem(key, decodes[0].columns, decodes[1].columns, value_data)
+    if paired is not None:  # a value the format cannot read has its own reason
+        reasons.append(F.when(decodes[1].reason.isNull(), paired))
     helpers = tuple({name: column for layer in layers for name, column in layer.items()}
                     for layers in zip_longest(*(decoded.helpers for decoded in decodes), fillvalue={}))
     # not nullif: Spark evaluates its argument in a Project of its own, which would decode the record twice
@@ -90,4 +93,5 @@ def record_key_columns(key: Format[Any]) -> dict[str, str]:
     """The columns that stand for the record key, name -> Spark SQL type: the decoded key's (`key_text`,
     `key_<field>`), or the `key` bytes themselves for a `raw` key. An upsert sink with `keys_from: record_key` is
     keyed by them."""
-    return {column_name("key", key, name): kind for name, kind in key.columns().items()} or {"key": "binary"}
+    return ({column_name("key", key, name): kind for name, kind in key.side_columns("key").items()}
+            or {"key": "binary"})

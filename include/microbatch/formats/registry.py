@@ -12,11 +12,13 @@ from pydantic import BeforeValidator, Field
 
 from microbatch.formats.avro import AvroFormat, AvroSpec
 from microbatch.formats.base import Format, FormatSpec
+from microbatch.formats.debezium import DebeziumFormat, DebeziumSpec
 from microbatch.formats.json import JsonFormat, JsonSpec
 from microbatch.formats.raw import RawFormat, RawSpec
 from microbatch.formats.text import TextFormat, TextSpec
 
-FORMATS: dict[str, type[Format[Any]]] = {cls.name: cls for cls in (RawFormat, TextFormat, JsonFormat, AvroFormat)}
+FORMATS: dict[str, type[Format[Any]]] = {cls.name: cls for cls in (RawFormat, TextFormat, JsonFormat, AvroFormat,
+                                                                         DebeziumFormat)}
 
 
 def _short_form(data: Any) -> Any:
@@ -30,9 +32,11 @@ def _short_form(data: Any) -> Any:
 
 
 FormatSpecs = Annotated[
-    Annotated[RawSpec | TextSpec | JsonSpec | AvroSpec, Field(discriminator="format")], BeforeValidator(_short_form)]
+    Annotated[RawSpec | TextSpec | JsonSpec | AvroSpec | DebeziumSpec, Field(discriminator="format")],
+    BeforeValidator(_short_form)]
 """The type of `source.key` and `source.value`: `{format: raw}` (or `raw`), `{format: text}` (or `text`),
-`{format: json, fields: {...}, required: [...]}`, `{format: avro, fields: {...}, subject: ..., version: latest}`."""
+`{format: json, fields: {...}, required: [...]}`, `{format: avro, fields: {...}, subject: ..., version: latest}`,
+`{format: debezium, fields: {...}}`."""
 
 
 def format_for(spec: FormatSpec) -> Format[Any]:
