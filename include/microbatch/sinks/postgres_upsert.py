@@ -9,6 +9,12 @@ committed (what the aggregate's contributions table is to a sum), tombstones inc
 row from its versions whenever a batch touches the key. A replay deletes the versions of the ranges it
 supersedes and rebuilds the keys they held before it adds its own, so the table ends exactly as if the
 history had been processed once in order, also for keys whose winner came from a later batch.
+
+With `unavailable_value` (a change data capture's placeholder of an unchanged column, Debezium's
+`__debezium_unavailable_value`), a text column holding it takes the key's latest real value before it, since its
+last delete (`_filled`): within the batch's records before its version is kept, and among the versions when a key
+is rebuilt. A key whose winning version still holds it (its full value never seen since the delete) is held: absent
+until a version with the full value arrives.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ import sqlalchemy as sa
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
+from microbatch.column_types import TEXT
 from microbatch.config import SOURCE_COORDINATES, PostgresUpsertSink
 from microbatch.errors import SpecError
 from microbatch.ledger.fragments import staged_rows, superseded_ranges
@@ -50,10 +57,59 @@ def stored_columns(sink: PostgresUpsertSink) -> tuple[str, ...]:
     return (*sink.columns, *SOURCE_COORDINATES)
 
 
+def _ascending(sink: PostgresUpsertSink) -> str:
+    """`_order` reversed: oldest first."""
+    first = [f"{quote(sink.order_by)} ASC NULLS FIRST"] if sink.order_by else []
+    return ", ".join([*first, *(quote(c) for c in SOURCE_COORDINATES)])
+
+
+def fillable_columns(sink: PostgresUpsertSink) -> list[str]:
+    """The text columns that may hold `unavailable_value` (neither keys nor the order column)."""
+    if sink.unavailable_value is None:
+        return []
+    return [c for c, kind in sink.columns.items() if kind == TEXT and c not in sink.keys and c != sink.order_by]
+
+
+def _literal(text_value: str) -> str:
+    return "'" + text_value.replace("'", "''") + "'"
+
+
+def _filled(sink: PostgresUpsertSink, relation: str, partition: list[str]) -> str:
+    """`relation` (a FROM item with the stored columns and `deleted`) with each fillable column's placeholder replaced
+    by the latest real value before it in its `partition`, since the partition's last delete; a placeholder with no
+    such value stays (the row is then held)."""
+    columns = fillable_columns(sink)
+    if not columns:
+        return relation
+    held = _literal(sink.unavailable_value or "")
+    by = _cols(partition)
+    segment = (f"count(*) FILTER (WHERE deleted) OVER (PARTITION BY {by} ORDER BY {_ascending(sink)} "
+               "ROWS UNBOUNDED PRECEDING) AS mb_segment")
+    groups = ", ".join(
+        f"count(*) FILTER (WHERE NOT deleted AND {quote(c)} IS DISTINCT FROM {held}) OVER (PARTITION BY {by}, "
+        f"mb_segment ORDER BY {_ascending(sink)} ROWS UNBOUNDED PRECEDING) AS mb_group{i}"
+        for i, c in enumerate(columns))
+    values = [
+        f"CASE WHEN {quote(c)} = {held} AND mb_group{columns.index(c)} > 0 THEN first_value({quote(c)}) OVER "
+        f"(PARTITION BY {by}, mb_segment, mb_group{columns.index(c)} ORDER BY {_ascending(sink)}) ELSE {quote(c)} "
+        f"END AS {quote(c)}" if c in columns else quote(c) for c in stored_columns(sink)]
+    return (f"(SELECT {', '.join(values)}, deleted FROM (SELECT *, {groups} FROM (SELECT *, {segment} FROM "
+            f"{relation}) segmented) grouped)")
+
+
 def add_versions_sql(sink: PostgresUpsertSink) -> str:
     """Keep this batch's greatest staged record per (topic, partition, key) as its versions."""
     columns = stored_columns(sink)
     partition_keys = _cols(["topic", "partition", *sink.keys], "s")
+    if fillable_columns(sink):
+        records = (f"(SELECT {_cols(columns)}, {tombstone_sql(sink, 'r')} AS deleted FROM "
+                   f"{staged_rows(quote(sink.staging_table), 'r')}) staged")
+        return (
+            f"INSERT INTO {quote(versions_table(sink))} (batch_id, {_cols(columns)}, deleted) "
+            f"SELECT DISTINCT ON ({partition_keys}) :batch_id, {_cols(columns, 's')}, s.deleted "
+            f"FROM {_filled(sink, records, ['topic', 'partition', *sink.keys])} s "
+            f"ORDER BY {partition_keys}, {_order(sink, 's')}"
+        )
     return (
         f"INSERT INTO {quote(versions_table(sink))} (batch_id, {_cols(columns)}, deleted) "
         f"SELECT DISTINCT ON ({partition_keys}) :batch_id, {_cols(columns, 's')}, {tombstone_sql(sink, 's')} "
@@ -70,8 +126,18 @@ def _rebuild_sql(sink: PostgresUpsertSink, touched: str, excluded: str = "") -> 
     vmatch = " AND ".join(f"v.{quote(k)} = k.{quote(k)}" for k in sink.keys)
     columns = stored_columns(sink)
     where = f" AND NOT ({excluded})" if excluded else ""
+    delete = f"DELETE FROM {quote(sink.table)} t USING (SELECT DISTINCT {keys} FROM {touched}) k WHERE {match}"
+    if fillable_columns(sink):
+        versions = (f"(SELECT {_cols(columns, 'v')}, v.deleted FROM {quote(versions_table(sink))} v "
+                    f"JOIN (SELECT DISTINCT {keys} FROM {touched}) k ON {vmatch}{where}) touched_versions")
+        held = " AND ".join(f"w.{quote(c)} IS DISTINCT FROM {_literal(sink.unavailable_value or '')}"
+                            for c in fillable_columns(sink))
+        return [delete,
+                f"INSERT INTO {quote(sink.table)} ({_cols(columns)}) SELECT {_cols(columns)} FROM ("
+                f"SELECT DISTINCT ON ({_cols(sink.keys, 'v')}) v.* FROM {_filled(sink, versions, sink.keys)} v "
+                f"ORDER BY {_cols(sink.keys, 'v')}, {_order(sink, 'v')}) w WHERE NOT w.deleted AND {held}"]
     return [
-        f"DELETE FROM {quote(sink.table)} t USING (SELECT DISTINCT {keys} FROM {touched}) k WHERE {match}",
+        delete,
         f"INSERT INTO {quote(sink.table)} ({_cols(columns)}) SELECT {_cols(columns)} FROM ("
         f"SELECT DISTINCT ON ({_cols(sink.keys, 'v')}) v.* FROM {quote(versions_table(sink))} v "
         f"JOIN (SELECT DISTINCT {keys} FROM {touched}) k ON {vmatch}{where} "

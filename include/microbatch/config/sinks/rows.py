@@ -81,6 +81,10 @@ class PostgresUpsertSink(_RowSink):
     """A column that orders the versions of a key before the source coordinates (e.g. an event time)."""
     delete_column: str | None = None
     """A boolean output column (not stored) that marks a record as a delete of its key: a tombstone."""
+    unavailable_value: str | None = None
+    """A text that stands for an unchanged value, not a value: change data capture's placeholder of an unchanged
+    TOASTed column (Debezium's `__debezium_unavailable_value`). A text column holding it keeps the key's latest real
+    value; a row whose full value was never seen is held (absent) until one arrives (docs/cdc.md)."""
 
     @model_validator(mode="after")
     def _columns_known(self) -> PostgresUpsertSink:
