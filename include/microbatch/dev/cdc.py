@@ -203,6 +203,19 @@ class KafkaConnectWorker:
                 os.killpg(self.process.pid, signal.SIGKILL)
             self.process.wait()
 
+    def wait_offsets_flushed(self, since: float, timeout: float = 30) -> None:
+        """Wait until the worker writes its offset file after the wall-clock time `since` (every second while its
+        connectors have records Kafka acknowledged): the records written before `since` then survive a SIGKILL.
+        Without a flush, a restarted Debezium connector resumes from the offsets before (or snapshots again)."""
+        offsets = self.work_dir / "offsets.dat"
+
+        def flushed() -> bool:
+            with contextlib.suppress(OSError):
+                return offsets.stat().st_mtime > since and offsets.stat().st_size > 0
+            return False
+
+        wait_until(flushed, timeout, f"an offset flush of the Kafka Connect worker {self.rest_url}", self.log_file)
+
     def restart(self, hard: bool = False, timeout: float = 90) -> None:
         """Stop (SIGKILL when `hard`) and start again on the same port, offsets and connectors."""
         self.kill() if hard else self.stop()
