@@ -79,9 +79,9 @@ def test_snapshot_changes_and_a_killed_worker(cdc: Cdc) -> None:
     lsns = [c.payload["source"]["lsn"] for c in (insert, update, delete)]
     assert lsns == sorted(set(lsns)), lsns
 
-    # SIGKILL once the worker flushed the offsets of these events (every second): a kill before that flush sends them
+    # SIGKILL once the worker flushed the offset of these events (every second): a kill before that flush sends them
     # again, and one before the first flush after the snapshot snapshots the table again (op r).
-    cdc.worker.wait_offsets_flushed(time.time())
+    cdc.worker.wait_lsn_flushed(max(lsns))
     cdc.worker.kill()
     cdc.sql("INSERT INTO public.orders VALUES ('us', 8, 5.00, now(), NULL, 'while the worker was down')")
     restarted = time.monotonic()

@@ -1,7 +1,7 @@
 """The detached local stack of `make demo`, `make airflow`, `make connect`, `make registry` and `make cdc`: which
 services run, on which ports, and how to stop every process they started. Each service is a module of its own beside
-this one (kafka.py, postgres.py, spark.py, registry.py, cdc.py, airflow.py), finding and stopping their processes is
-stopping.py; the jars come from `microbatch.runtime`.
+this one (kafka.py, postgres.py, spark.py, registry.py, cdc.py with cdc_stack.py, airflow.py), finding and stopping
+their processes is stopping.py; the jars come from `microbatch.runtime`.
 
 `python -m microbatch.dev.stack services|up|connect|registry|cdc|airflow-down|down|clean|cluster|env|jars` manages a
 detached stack for the demo and the UI; `services` (`make up`) starts Kafka, PostgreSQL and Spark Connect, `up`
@@ -26,8 +26,9 @@ import time
 import uuid
 from pathlib import Path
 
-from microbatch.dev.cdc import STATE_KEYS as _CDC_KEYS
-from microbatch.dev.cdc import stop_stack as stop_cdc
+from microbatch.dev.cdc_stack import STATE_KEYS as _CDC_KEYS
+from microbatch.dev.cdc_stack import start_stack as start_cdc
+from microbatch.dev.cdc_stack import stop_stack as stop_cdc
 from microbatch.dev.kafka import KafkaBroker, KafkaCluster
 from microbatch.dev.postgres import DATABASE, LocalPostgres
 from microbatch.dev.process import port_open, wait_until
@@ -246,14 +247,12 @@ def _stop_registry(state: dict) -> None:
 
 def cdc() -> None:
     """`make cdc`: Kafka and PostgreSQL as `up` starts them (or reuses them), then a source PostgreSQL with logical
-    decoding and a Kafka Connect worker with Debezium's connector for its sample table (dev/cdc.py), recorded here
+    decoding and a Kafka Connect worker with Debezium's connector for its sample table (dev/cdc_stack.py), recorded here
     so that `down` stops them and `clean` removes their data."""
-    from microbatch.dev import cdc as cdc_stack
-
     bootstrap = up()["MICROBATCH_KAFKA_BOOTSTRAP"]
     state = _load_state()
     state["stack_id"] = _mark_stack(state)
-    cdc_stack.start_stack(state, bootstrap, lambda recorded: _save_state({**_load_state(), **recorded}))
+    start_cdc(state, bootstrap, lambda recorded: _save_state({**_load_state(), **recorded}))
 
 
 def record_airflow() -> None:
