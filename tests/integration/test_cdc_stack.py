@@ -12,6 +12,7 @@ from decimal import Decimal
 
 import pytest
 
+from microbatch.dev.process import listening_sockets
 from tests.cdc_fixtures import Cdc, Change
 
 pytestmark = pytest.mark.integration
@@ -78,6 +79,8 @@ def test_snapshot_changes_and_a_killed_worker(cdc: Cdc) -> None:
     assert tombstone.value is None and tombstone.key == delete.key
     lsns = [c.payload["source"]["lsn"] for c in (insert, update, delete)]
     assert lsns == sorted(set(lsns)), lsns
+    sockets = listening_sockets([cdc.worker.pid])  # the REST API, on loopback only
+    assert [s.port for s in sockets] == [cdc.worker.port] and all(s.loopback_only for s in sockets), sockets
 
     # SIGKILL once the worker flushed the offset of these events (every second): a kill before that flush sends them
     # again, and one before the first flush after the snapshot snapshots the table again (op r).
