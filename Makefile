@@ -9,7 +9,7 @@ TEST_WORKERS ?= 2
 export PYTHONPATH := $(CURDIR)/include:$(CURDIR)
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: demo up airflow-down test unit integration e2e lint jars venv airflow connect registry down bench chaos chaos-cluster cluster soak clean browser prometheus docs docs-generate
+.PHONY: demo up airflow-down test unit integration e2e lint jars venv airflow connect registry cdc down bench chaos chaos-cluster cluster soak clean browser prometheus docs docs-generate
 
 $(STAMP): requirements.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -80,6 +80,12 @@ connect: jars
 # lives; `make down` stops it and its schemas are gone); `.cache/devstack/env.sh` exports MICROBATCH_SCHEMA_REGISTRY_URL.
 registry: jars
 	$(PY) -m microbatch.dev.stack registry
+
+# Change data capture on the local stack: a source PostgreSQL with logical decoding (its sample table public.orders)
+# and a Kafka Connect worker (Apache Kafka 4.1 jars) running Debezium's PostgreSQL connector into the topic
+# cdc.public.orders of the stack's Kafka; reused while they live, `make down` stops them, `make clean` removes them.
+cdc: jars
+	$(PY) -m microbatch.dev.stack cdc
 
 # `make airflow`'s standalone and every process it started, nothing else: the services keep running.
 airflow-down: $(STAMP)

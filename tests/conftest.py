@@ -36,6 +36,8 @@ os.environ[leftovers.RUN_ENV] = f"{os.environ.get(leftovers.RUN_ENV)}/{_WORKER}"
 os.environ["AIRFLOW_HOME"] = tempfile.mkdtemp(prefix="microbatch-airflow-")
 localenv.apply()
 ROOT = Path(__file__).resolve().parents[1]
+# The change-data-capture fixtures (`cdc_source`, `cdc`): a source PostgreSQL and a Kafka Connect worker with Debezium.
+pytest_plugins = ["tests.cdc_fixtures"]
 
 
 @pytest.fixture(scope="session")

@@ -23,7 +23,7 @@ log = logging.getLogger(__name__)
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 RUN_BATCH = PROJECT_ROOT / "spark_jobs" / "run_batch.py"
-JAR_KINDS = ("kafka", "spark")
+JAR_KINDS = ("kafka", "spark", "connect", "debezium")
 JVM_SOURCES = PROJECT_ROOT / "include" / "jvm"
 """The Java sources of the formats' JVM side (the json format's one-pass decoder), compiled by `formats_jar`."""
 
@@ -42,7 +42,8 @@ def spark_home() -> Path:
 
 
 def ensure_jars(kind: str) -> Path:
-    """Fetch the jars of `kind` ("kafka" broker, "spark" connectors) with Maven, once; return their folder."""
+    """Fetch the jars of `kind` ("kafka" broker, "spark" connectors, "connect" worker, "debezium" its plugin) with
+    Maven, once; return their folder."""
     if kind not in JAR_KINDS:
         raise ValueError(f"unknown jar kind {kind!r}; use one of {JAR_KINDS}")
     target = cache_dir() / "jars" / kind

@@ -144,13 +144,26 @@ def test_devstack_services_then_connect_reuses_airflow_down_stops_airflow_alone_
         after_airflow = json.loads((cache / "devstack" / "state.json").read_text())
         assert "airflow_pid" not in after_airflow
         assert all(port_open(after_airflow[key]) for key in ("kafka_port", "postgres_port", "connect_port"))
+        # `make cdc`: a source PostgreSQL and a Debezium worker on the same Kafka, recorded for `down`; the source's
+        # password is in no line it prints.
+        cdc = devstack("cdc")
+        state = json.loads((cache / "devstack" / "state.json").read_text())
+        worker = f"Kafka Connect worker http://127.0.0.1:{state['cdc_worker_port']} (pid {state['cdc_worker_pid']})"
+        assert worker in cdc
+        assert f"topic cdc.public.orders on 127.0.0.1:{state['kafka_port']}" in cdc and "RUNNING" in cdc
+        password = (cache / "devstack" / "cdc" / "postgres" / "password").read_text().strip()
+        assert password not in cdc
+        assert password not in (cache / "devstack" / "cdc" / "connect" / "connect.log").read_text()
+        assert f"(pid {state['cdc_worker_pid']})" in devstack("cdc")  # the live worker is reused
     finally:
         devstack("down")
     assert not port_open(state["kafka_port"]) and not port_open(state["postgres_port"])
-    assert not port_open(state["connect_port"])
-    assert _gone(state["connect_pid"])
+    assert not port_open(state["connect_port"]) and not port_open(state["cdc_worker_port"])
+    assert not port_open(state["cdc_source_port"])
+    assert _gone(state["connect_pid"]) and _gone(state["cdc_worker_pid"])
     after = json.loads((cache / "devstack" / "state.json").read_text())
-    assert "connect_pid" not in after and "MICROBATCH_SPARK_REMOTE" not in after["env"]
+    assert "connect_pid" not in after and "cdc_worker_pid" not in after
+    assert "MICROBATCH_SPARK_REMOTE" not in after["env"]
 
 
 def _gone(pid: int) -> bool:

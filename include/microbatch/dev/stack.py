@@ -1,12 +1,13 @@
-"""The detached local stack of `make demo`, `make airflow`, `make connect` and `make registry`: which services
-run, on which ports, and how to stop every process they started. Each service is a module of its own beside
-this one (kafka.py, postgres.py, spark.py, registry.py, airflow.py), finding and stopping their processes is
-stopping.py; the jars come from `microbatch.runtime`.
+"""The detached local stack of `make demo`, `make airflow`, `make connect`, `make registry` and `make cdc`: which
+services run, on which ports, and how to stop every process they started. Each service is a module of its own beside
+this one (kafka.py, postgres.py, spark.py, registry.py, cdc.py with cdc_stack.py, airflow.py), finding and stopping
+their processes is stopping.py; the jars come from `microbatch.runtime`.
 
-`python -m microbatch.dev.stack services|up|connect|registry|airflow-down|down|clean|cluster|env|jars` manages a
+`python -m microbatch.dev.stack services|up|connect|registry|cdc|airflow-down|down|clean|cluster|env|jars` manages a
 detached stack for the demo and the UI; `services` (`make up`) starts Kafka, PostgreSQL and Spark Connect, `up`
 the first two; `connect` adds a Spark Connect server for pipelines in `spark.mode: connect`, `registry` a schema
-registry (Apicurio, in memory); `make airflow` records its `airflow standalone` here (`record_airflow`),
+registry (Apicurio, in memory), `cdc` a source PostgreSQL whose sample table a Kafka Connect worker with Debezium
+captures into Kafka; `make airflow` records its `airflow standalone` here (`record_airflow`),
 `airflow-down` stops that alone, `down` stops all of it and `clean` removes its data (`make clean`). The
 registry's first start fetches its distribution (no shipped pipeline needs it yet).
 """
@@ -25,6 +26,9 @@ import time
 import uuid
 from pathlib import Path
 
+from microbatch.dev.cdc_stack import STATE_KEYS as _CDC_KEYS
+from microbatch.dev.cdc_stack import start_stack as start_cdc
+from microbatch.dev.cdc_stack import stop_stack as stop_cdc
 from microbatch.dev.kafka import KafkaBroker, KafkaCluster
 from microbatch.dev.postgres import DATABASE, LocalPostgres
 from microbatch.dev.process import port_open, wait_until
@@ -120,7 +124,8 @@ def up() -> dict[str, str]:
         env[SCHEMA_REGISTRY_URL_ENV] = state["env"][SCHEMA_REGISTRY_URL_ENV]
     state = {"kafka_port": broker.port, "controller_port": broker.controller_port, "kafka_pid": broker.pid,
              "postgres_port": postgres.port, "postgres_pid": postgres.pid, **connect, **registry_state,
-             **{key: state[key] for key in _AIRFLOW_KEYS if key in state}, "stack_id": stack_id, "env": env}
+             **{key: state[key] for key in (*_AIRFLOW_KEYS, *_CDC_KEYS) if key in state}, "stack_id": stack_id,
+             "env": env}
     _save_state(state)
     print(f"local stack up: Kafka {broker.bootstrap_servers}, PostgreSQL 127.0.0.1:{postgres.port}")
     return env
@@ -240,6 +245,16 @@ def _stop_registry(state: dict) -> None:
     stop_group(state.get("registry_pid"), PROCESS_MARKER, "schema registry")
 
 
+def cdc() -> None:
+    """`make cdc`: Kafka and PostgreSQL as `up` starts them (or reuses them), then a source PostgreSQL with logical
+    decoding and a Kafka Connect worker with Debezium's connector for its sample table (dev/cdc_stack.py), recorded here
+    so that `down` stops them and `clean` removes their data."""
+    bootstrap = up()["MICROBATCH_KAFKA_BOOTSTRAP"]
+    state = _load_state()
+    state["stack_id"] = _mark_stack(state)
+    start_cdc(state, bootstrap, lambda recorded: _save_state({**_load_state(), **recorded}))
+
+
 def record_airflow() -> None:
     """Record the calling process as the stack's `airflow standalone`: the caller `exec`s it next, which keeps
     the pid. With its start time (against pid reuse), process group and AIRFLOW_HOME, so that `down` stops it
@@ -274,8 +289,9 @@ def stop_airflow() -> int:
 
 def down() -> None:
     """Stop everything the stack started: `airflow standalone` and every process it started, the Spark
-    Connect server, the schema registry, Kafka and PostgreSQL, then any process left that carries the stack's id.
-    Guarantees that no process of the stack runs when it returns (SIGTERM first, SIGKILL after a timeout)."""
+    Connect server, the schema registry, the CDC worker and its source PostgreSQL, Kafka and PostgreSQL, then any
+    process left that carries the stack's id. Guarantees that no process of the stack runs when it returns (SIGTERM
+    first, SIGKILL after a timeout)."""
     state = _load_state()
     stopped = stop_processes(airflow_processes(state), timeout=30)
     if stopped:
@@ -284,6 +300,7 @@ def down() -> None:
         return
     _stop_connect(state)
     _stop_registry(state)
+    stop_cdc(state)  # before Kafka, which its worker writes to
     if state.get("kafka_port"):
         _stop_kafka_and_postgres(state)
     # Whatever left the trees above (a spark-submit orphaned by a killed task, a stray backend) goes too.
@@ -291,7 +308,7 @@ def down() -> None:
         stop_processes(processes_with_env({STACK_ID_ENV: state["stack_id"]}), timeout=20)
     # The ports stay recorded, so the next `up`/`connect` reuses the exported addresses.
     _save_state({key: value for key, value in state.items()
-                 if key not in ("connect_pid", "registry_pid", *_AIRFLOW_KEYS)}
+                 if key not in ("connect_pid", "registry_pid", "cdc_worker_pid", *_AIRFLOW_KEYS)}
                 | {"env": {k: v for k, v in state.get("env", {}).items()
                            if k not in (SPARK_REMOTE_ENV, SCHEMA_REGISTRY_URL_ENV)}})
     print("local stack stopped")
@@ -376,6 +393,12 @@ def main(argv: list[str]) -> int:
         connect()
     elif command == "registry":
         registry()
+    elif command == "cdc":
+        try:
+            cdc()
+        except RuntimeError as exc:  # one sentence and the log, not a traceback
+            print(f"CDC did not start: {exc} Fix the cause in that log, then run `make cdc` again.", file=sys.stderr)
+            return 1
     elif command == "down":
         down()
     elif command == "clean":
@@ -390,7 +413,7 @@ def main(argv: list[str]) -> int:
         print(f"formats jar: {formats_jar()}")
     else:
         print("usage: python -m microbatch.dev.stack "
-              "services|up|connect|registry|airflow-down|down|clean|cluster|env|jars", file=sys.stderr)
+              "services|up|connect|registry|cdc|airflow-down|down|clean|cluster|env|jars", file=sys.stderr)
         return 2
     return 0
 
