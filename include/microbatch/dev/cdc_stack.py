@@ -112,3 +112,27 @@ def _run_sql(source: LocalPostgres, sql: str) -> None:
     with psycopg.connect(host="127.0.0.1", port=source.port, user=source.user, password=source.password,
                          dbname=DATABASE, autocommit=True) as conn:
         conn.execute(sql)
+
+
+def source_sql(statement: str) -> list[tuple]:
+    """Run `statement` on the running `make cdc` source database (autocommit): its rows, if it returns any."""
+    import json
+
+    import psycopg
+
+    state_file = stack_root().parent / "state.json"
+    port = json.loads(state_file.read_text()).get("cdc_source_port") if state_file.exists() else None
+    if not (port and port_open(port)):
+        raise SystemExit("The CDC source database does not run: start it with `make cdc`, then run this again.")
+    source = source_postgres(stack_root() / "postgres", port)
+    with psycopg.connect(host="127.0.0.1", port=source.port, user=source.user, password=source.password,
+                         dbname=DATABASE, autocommit=True) as conn:
+        cursor = conn.execute(statement)
+        return cursor.fetchall() if cursor.description else []
+
+
+if __name__ == "__main__":  # python -m microbatch.dev.cdc_stack "SQL": a statement on the source database
+    import sys
+
+    for row in source_sql(" ".join(sys.argv[1:])):
+        print(*row, sep="\t")
