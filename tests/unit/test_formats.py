@@ -30,7 +30,7 @@ def fmt(data: object):
 
 
 def test_each_format_name_is_a_tag_of_the_union_and_a_string_is_its_short_form():
-    assert set(FORMATS) == {"raw", "text", "json", "avro"}
+    assert set(FORMATS) == {"raw", "text", "json", "avro", "debezium"}
     assert isinstance(fmt("raw"), RawFormat) and isinstance(fmt({"format": "raw"}), RawFormat)
     assert isinstance(fmt("text"), TextFormat)
     assert isinstance(fmt({"format": "json", "fields": {"a": "int"}}), JsonFormat)
