@@ -5,7 +5,8 @@ and offset) among all committed, non-superseded records. A record whose `delete_
 value columns (neither keys nor `order_by`) are all null, is a tombstone: if it wins, the key is absent.
 
 The commit keeps, in `<table>_versions`, each key's greatest record of every (batch, topic, partition) it
-committed (what the aggregate's contributions table is to a sum), tombstones included, and rebuilds a key's
+committed (every record, for a change stream with `unavailable_value`), what the aggregate's contributions table
+is to a sum, tombstones included, and rebuilds a key's
 row from its versions whenever a batch touches the key. A replay deletes the versions of the ranges it
 supersedes and rebuilds the keys they held before it adds its own, so the table ends exactly as if the
 history had been processed once in order, also for keys whose winner came from a later batch.
@@ -13,13 +14,16 @@ history had been processed once in order, also for keys whose winner came from a
 With `unavailable_value` (a change data capture's placeholder of an unchanged column, Debezium's
 `__debezium_unavailable_value`), a text column holding it takes the key's latest real value before it, since its
 last delete (`_filled`): within the batch's records before its version is kept, and among the versions when a key
-is rebuilt. A key whose winning version still holds it (its full value never seen since the delete) is held: absent
-until a version with the full value arrives.
+is rebuilt; before that, `fill_unchanged` replaces each staged placeholder by the value it stands for, following the
+key (and a primary-key change) through the table and the batch in log order (`unchanged_values`). A key whose
+winning version still holds it (its full value never seen since the delete) is held: absent until a version with
+the full value arrives.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy import text
@@ -33,6 +37,7 @@ from microbatch.sinks.audit import count_kept
 from microbatch.sinks.base import CommitContext, Sink, quote, sql_type, staging_columns, tombstone_sql
 from microbatch.sinks.contexts import Staging
 from microbatch.sinks.postgres_append import coordinate_columns
+from microbatch.sinks.unchanged_values import StagedChange, resolve
 from microbatch.types import OffsetRange
 
 
@@ -97,6 +102,59 @@ def _filled(sink: PostgresUpsertSink, relation: str, partition: list[str]) -> st
             f"{relation}) segmented) grouped)")
 
 
+def fill_unchanged(session: Session, sink: PostgresUpsertSink, staged: Mapping[str, Any]) -> list[Any]:
+    """Replace the batch's placeholders of unchanged values in its staged rows by the values they stand for
+    (`unchanged_values.resolve`), and give its deletes their keys' values, before its versions are added. A delete
+    also fills the placeholders of a held create of an earlier batch at its position (a primary-key change whose
+    create was read first, from another partition): the positions whose keys must then be rebuilt."""
+    columns = fillable_columns(sink)
+    if not columns:
+        return []
+    rows_of = staged_rows(quote(sink.staging_table), "s")
+    params = {**staged, "mb_placeholder": sink.unavailable_value}
+    holds = " OR ".join([*(f"s.{quote(c)} = :mb_placeholder" for c in columns), tombstone_sql(sink, "s")])
+    if not session.execute(text(f"SELECT EXISTS (SELECT 1 FROM {rows_of} AND ({holds}))"), params).scalar_one():
+        return []
+    keys = len(sink.keys)
+    order = f"s.{quote(sink.order_by)}" if sink.order_by else "NULL"
+    changes = [StagedChange(tuple(row[:keys]), row[keys], row[keys + 1], dict(zip(columns, row[keys + 2:-3],
+                                                                                 strict=True)), tuple(row[-3:]))
+               for row in session.execute(text(
+                   f"SELECT {_cols(sink.keys, 's')}, {order}, {tombstone_sql(sink, 's')}, {_cols(columns, 's')}, "
+                   f"s.topic, s.partition, s.\"offset\" FROM {rows_of}"), staged)]
+    match = " AND ".join(f"t.{quote(k)} = s.{quote(k)}" for k in sink.keys)
+    stored = {tuple(row[:keys]): dict(zip(columns, row[keys:], strict=True)) for row in session.execute(text(
+        f"SELECT {_cols(sink.keys, 't')}, {_cols(columns, 't')} FROM {quote(sink.table)} t "
+        f"WHERE EXISTS (SELECT 1 FROM {rows_of} AND {match})"), staged)}
+
+    def deleted_at(order: Any) -> dict[str, Any] | None:
+        found = session.execute(text(
+            f"SELECT {_cols(columns)} FROM {quote(versions_table(sink))} WHERE deleted AND {quote(sink.order_by)} = "
+            f":order ORDER BY batch_id LIMIT 1"), {"order": order}).one_or_none() if sink.order_by else None
+        return dict(zip(columns, found, strict=True)) if found is not None else None
+
+    filled = resolve(changes, stored.get, deleted_at, sink.unavailable_value or "")
+    for (topic, partition, offset), values in filled.items():
+        assignments = ", ".join(f"{quote(c)} = :v{i}" for i, c in enumerate(values))
+        session.execute(text(
+            f"UPDATE {quote(sink.staging_table)} SET {assignments} WHERE batch_id = :batch_id AND attempt = :attempt "
+            "AND topic = :topic AND partition = :partition AND \"offset\" = :offset"),
+            {**staged, **{f"v{i}": v for i, v in enumerate(values.values())}, "topic": topic,
+             "partition": partition, "offset": offset})
+    late = []
+    for change in changes:
+        if change.deleted and change.coordinates in filled and change.order is not None:
+            values = {**change.values, **filled[change.coordinates]}
+            fills = ", ".join(f"{quote(c)} = CASE WHEN {quote(c)} = :mb_placeholder THEN :v{i} ELSE {quote(c)} END"
+                              for i, c in enumerate(columns))
+            if session.execute(text(
+                f"UPDATE {quote(versions_table(sink))} SET {fills} WHERE NOT deleted AND {quote(sink.order_by or '')} "
+                f"= :order AND ({' OR '.join(f'{quote(c)} = :mb_placeholder' for c in columns)})"),
+                    {**params, "order": change.order, **{f"v{i}": values[c] for i, c in enumerate(columns)}}).rowcount:
+                late.append(change.order)
+    return late
+
+
 def add_versions_sql(sink: PostgresUpsertSink) -> str:
     """Keep this batch's greatest staged record per (topic, partition, key) as its versions."""
     columns = stored_columns(sink)
@@ -104,11 +162,10 @@ def add_versions_sql(sink: PostgresUpsertSink) -> str:
     if fillable_columns(sink):
         records = (f"(SELECT {_cols(columns)}, {tombstone_sql(sink, 'r')} AS deleted FROM "
                    f"{staged_rows(quote(sink.staging_table), 'r')}) staged")
-        return (
+        return (  # every change kept: a held create must still be found at its position (fill_unchanged)
             f"INSERT INTO {quote(versions_table(sink))} (batch_id, {_cols(columns)}, deleted) "
-            f"SELECT DISTINCT ON ({partition_keys}) :batch_id, {_cols(columns, 's')}, s.deleted "
-            f"FROM {_filled(sink, records, ['topic', 'partition', *sink.keys])} s "
-            f"ORDER BY {partition_keys}, {_order(sink, 's')}"
+            f"SELECT :batch_id, {_cols(columns, 's')}, s.deleted "
+            f"FROM {_filled(sink, records, ['topic', 'partition', *sink.keys])} s"
         )
     return (
         f"INSERT INTO {quote(versions_table(sink))} (batch_id, {_cols(columns)}, deleted) "
@@ -243,7 +300,13 @@ class PostgresUpsert(Sink):
         return touched
 
     def merge(self, session: Session, ctx: CommitContext) -> int:
+        late = fill_unchanged(session, self.spec, ctx.staged)
         add, delete, insert = merge_sql(self.spec)
         session.execute(text(add), ctx.staged)
         session.execute(text(delete), ctx.staged)
-        return session.execute(text(insert), ctx.staged).rowcount
+        merged = session.execute(text(insert), ctx.staged).rowcount
+        if late:  # the held creates a delete of this batch filled: their keys rebuilt
+            touched = f"{quote(versions_table(self.spec))} r WHERE r.{quote(self.spec.order_by or '')} = ANY(:late)"
+            for statement in _rebuild_sql(self.spec, touched):
+                session.execute(text(statement), {"late": late})
+        return merged

@@ -89,6 +89,9 @@ class PostgresUpsertSink(_RowSink):
     @model_validator(mode="after")
     def _columns_known(self) -> PostgresUpsertSink:
         _check_keys_given(self.keys_from, self.keys)
+        if self.unavailable_value is not None and not (self.order_by and self.delete_column):
+            raise ValueError("unavailable_value applies a change stream: give it order_by (the change's position in "
+                             "the source's log, e.g. __lsn) and delete_column (e.g. __deleted) too")
         if self.keys_from == "columns":
             _check_upsert_columns(self.keys, self.order_by, self.delete_column, self.columns, known=set(self.columns))
         return self
