@@ -13,9 +13,9 @@ replay of the whole topic leaves the target as it was; `verify` passes."""
 from __future__ import annotations
 
 import json
+import os
 import random
 import re
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -118,7 +118,7 @@ def caught_up(cdc: Cdc, topic: str, source: Source, timeout: float = 60) -> None
     """Wait until Debezium has written the round's changes: the event of its last insert (the topic has one
     partition, in the order of the source's log)."""
     def reached(changes: list) -> bool:
-        return any(c.payload and c.payload["after"] and c.payload["after"]["order_id"] == source.next_id
+        return any(c.payload and (c.payload.get("after") or {}).get("order_id") == source.next_id
                    for c in changes)
 
     cdc.changes(topic, 1, timeout=timeout, until=reached)

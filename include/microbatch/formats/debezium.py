@@ -43,8 +43,6 @@ OPS = ("c", "r", "u", "d")
 """The operations applied: create, snapshot read, update (each an upsert of `after`), delete (of `before`'s key)."""
 UNAVAILABLE_VALUE = "__debezium_unavailable_value"
 """Debezium's default `unavailable.value.placeholder`: an unchanged TOASTed column of an update."""
-_TWO_TO_64 = 18446744073709551616
-_COMPLEMENT = ("0123456789ABCDEF", "FEDCBA9876543210")
 
 
 class DebeziumSpec(DeclaringSpec):
@@ -59,35 +57,28 @@ class DebeziumSpec(DeclaringSpec):
     """The connector's `decimal.handling.mode`, which says how a `decimal` field is written."""
 
 
-def decimal_layers(text: Column, precision: int, scale: int, name: str) -> list[dict[str, Column]]:
-    """Layers (`Decoded.helpers`) whose last column `name` is the decimal(precision, scale) whose unscaled value is
-    the big-endian two's-complement integer of the base64 `text` (Debezium's precise decimal, Kafka Connect's
-    `Decimal`): null when it is not base64, is empty, is longer than 16 bytes or does not fit. Each step is a layer
-    of its own, so that Spark computes what the next uses several times once."""
+def decimal_from_base64(text: Column, precision: int, scale: int) -> Column:
+    """The decimal(precision, scale) whose unscaled value is the big-endian two's-complement integer of the base64
+    `text` (Debezium's precise decimal, Kafka Connect's `Decimal`): null when it is not base64, is empty or does not
+    fit. One fold over the bytes, with `text` read a few times only: the optimizer may copy a column's expression into
+    a filter pushed below it (the stage's dead letters), once per reference."""
     from pyspark.sql import functions as F
 
-    hex_name, magnitude_name, unscaled_name = f"{name}_hex", f"{name}_magnitude", f"{name}_unscaled"
-    digits, magnitude, unscaled = F.col(hex_name), F.col(magnitude_name), F.col(unscaled_name)
+    digits = F.hex(F.try_to_binary(text, F.lit("base64")))
+    count = F.length(digits) / 2
     negative = F.substring(digits, 1, 1) >= F.lit("8")
-    length = F.length(magnitude)
-    high = F.when(length > 16, F.substring(magnitude, 1, length - 16))
-    low = F.when(length > 16, F.substring(magnitude, length - 15, 16)).otherwise(magnitude)
 
-    def unsigned(part: Column) -> Column:
-        return F.coalesce(F.conv(part, 16, 10).try_cast("decimal(38,0)"), F.lit(0).cast("decimal(38,0)"))
+    def add_byte(total: Column, index: Column) -> Column:
+        byte = F.conv(F.substring(digits, index * 2 - 1, 2), 16, 10).cast("int")
+        return F.try_add(F.try_multiply(total, F.lit(256).cast("decimal(38,0)")),
+                         F.when(negative, 255 - byte).otherwise(byte).cast("decimal(38,0)")).cast("decimal(38,0)")
 
-    total = F.try_add(F.try_multiply(unsigned(high), F.lit(str(_TWO_TO_64)).cast("decimal(38,0)")), unsigned(low))
-    padded = F.when(F.length(unscaled) > scale, unscaled).otherwise(F.lpad(unscaled, scale + 1, "0"))  # lpad cuts
-    cut = F.length(padded) - scale
-    body = padded if scale == 0 else F.concat(F.substring(padded, 1, cut), F.lit("."), F.substring(padded, cut + 1,
-                                                                                                    scale))
-    number = F.concat(F.when(negative, F.lit("-")).otherwise(F.lit("")), body)
-    good = (F.length(digits) > 0) & (F.length(digits) <= 32)
-    return [{hex_name: F.hex(F.try_to_binary(text, F.lit("base64")))},
-            {magnitude_name: F.when(negative, F.translate(digits, *_COMPLEMENT)).otherwise(digits)},
-            {unscaled_name: F.when(negative, F.try_add(total, F.lit(1))).otherwise(total).cast("decimal(38,0)")
-             .cast("string")},
-            {name: F.when(good, number.try_cast(f"decimal({precision},{scale})"))}]
+    magnitude = F.aggregate(F.sequence(F.lit(1), count.cast("int")), F.lit(0).cast("decimal(38,0)"), add_byte)
+    sign = F.when(negative, F.lit(-1)).otherwise(F.lit(1)).cast("decimal(38,0)")
+    unscaled = F.try_multiply(sign, F.try_add(magnitude, F.when(negative, 1).otherwise(0).cast("decimal(38,0)")))
+    unit = F.lit(f"1e-{scale}").cast(f"decimal({scale + 1},{scale})")  # 10^-scale, exact
+    scaled = unscaled if scale == 0 else F.try_multiply(unscaled, unit)
+    return F.when(count > 0, scaled.try_cast(f"decimal({precision},{scale})"))
 
 
 class DebeziumFormat(Format[DebeziumSpec]):
@@ -103,10 +94,9 @@ class DebeziumFormat(Format[DebeziumSpec]):
         """A key is the primary key's columns alone."""
         return self.columns() if side == "value" else {name: f.type for name, f in self.spec.fields.items()}
 
-    def _field_value(self, element: Column, field: JsonField, name: str
-                     ) -> tuple[Column, Column | list[dict[str, Column]], bool]:
+    def _field_value(self, element: Column, field: JsonField) -> tuple[Column, Column, bool]:
         """(whether the JSON kind of the row's `element`, neither SQL nor JSON null, fits the declared field; its
-        column, or the layers that compute it as `name`; whether it fits only where that column is not null)."""
+        column; whether it fits only where that column is not null)."""
         from pyspark.sql import functions as F
 
         kind = field.sql_type
@@ -114,7 +104,7 @@ class DebeziumFormat(Format[DebeziumSpec]):
         as_text = F.try_variant_get(element, "$", "string")
         if kind.name == "decimal" and self.spec.decimal_handling != "double":
             precision, scale = (int(n) for n in field.type[len("decimal("):-1].split(","))
-            value = decimal_layers(as_text, precision, scale, name) if self.spec.decimal_handling == "precise" \
+            value = decimal_from_base64(as_text, precision, scale) if self.spec.decimal_handling == "precise" \
                 else as_text.try_cast(field.type)
             return json_kind == "STRING", value, True
         if kind.name == "date":
@@ -160,16 +150,10 @@ class DebeziumFormat(Format[DebeziumSpec]):
         elements = {helper(f"element{i}"): F.try_variant_get(row, _path(field.read_from(name)), "variant")
                     for i, (name, field) in enumerate(fields)}
         values, checks, columns, problems = {}, {}, {}, []
-        decimals: dict[int, dict[str, Column]] = {}
         for i, (name, field) in enumerate(fields):
             element = F.col(helper(f"element{i}"))
-            kind_fits, value, must_read = self._field_value(element, field, helper(f"raw{i}"))
-            values[helper(f"fits{i}")] = kind_fits
-            if isinstance(value, list):
-                for depth, layer in enumerate(value):
-                    (values if depth == 0 else decimals.setdefault(depth, {})).update(layer)
-            else:
-                values[helper(f"raw{i}")] = value
+            kind_fits, value, must_read = self._field_value(element, field)
+            values[helper(f"fits{i}")], values[helper(f"raw{i}")] = kind_fits, value
             present = element.isNotNull() & ~F.is_variant_null(element)
             fitting = F.col(helper(f"fits{i}")) & (F.col(helper(f"raw{i}")).isNotNull() if must_read else F.lit(True))
             checks[helper(f"value{i}")] = F.when(present & fitting, F.col(helper(f"raw{i}"))).cast(field.type)
@@ -195,8 +179,7 @@ class DebeziumFormat(Format[DebeziumSpec]):
             change = {"__op": op, "__deleted": op == "d", "__lsn": F.col(helper("lsn")),
                       "__source_ts": F.timestamp_millis(F.col(helper("ts_ms")))}
             columns.update({name: F.when(read, column).cast(CHANGE_COLUMNS[name]) for name, column in change.items()})
-        layers = ({helper("document"): document}, envelope, head, row_layer, elements, values,
-                  *(decimals[depth] for depth in sorted(decimals)), checks, judged)
+        layers = ({helper("document"): document}, envelope, head, row_layer, elements, values, checks, judged)
         return Decoded(columns=columns, reason=F.col(helper("reason")), helpers=tuple(lay for lay in layers if lay),
                        sql_conf={"spark.sql.variant.allowDuplicateKeys": "true"})
 
