@@ -65,15 +65,24 @@ class Source:
     """The source table and the random changes of a round, made as an application would, statement by statement."""
 
     def __init__(self, cdc: Cdc, seed: int) -> None:
-        self.cdc, self.rng, self.next_id = cdc, random.Random(seed), 1
+        import psycopg
+
+        self.rng, self.next_id = random.Random(seed), 1
+        server = cdc.source
+        self.connection = psycopg.connect(host="127.0.0.1", port=server.port, user=server.user,
+                                          password=server.password, dbname="microbatch", autocommit=True)
+
+    def sql(self, statement: str, params: tuple | None = None) -> list[tuple]:
+        cursor = self.connection.execute(statement, params)
+        return cursor.fetchall() if cursor.description else []
 
     def keys(self) -> list[tuple[str, int]]:
-        return [tuple(row) for row in self.cdc.sql("SELECT region, order_id FROM public.orders ORDER BY 1, 2")]
+        return [tuple(row) for row in self.sql("SELECT region, order_id FROM public.orders ORDER BY 1, 2")]
 
     def insert(self, count: int) -> None:
         for _ in range(count):
             region, self.next_id = self.rng.choice(["eu", "us", "ap"]), self.next_id + 1
-            self.cdc.sql(f"INSERT INTO public.orders VALUES (%s, %s, %s, now() - %s * interval '1 minute', %s, "
+            self.sql(f"INSERT INTO public.orders VALUES (%s, %s, %s, now() - %s * interval '1 minute', %s, "
                          f"{LARGE})", (region, self.next_id, self.amount(), self.rng.randrange(10_000),
                                        self.rng.choice([None, "gift", "rush"])))
 
@@ -89,24 +98,24 @@ class Source:
             roll = self.rng.random()
             where = "WHERE region = %s AND order_id = %s"
             if roll < 0.4:  # the large text untouched: Debezium's placeholder
-                self.cdc.sql(f"UPDATE public.orders SET amount = %s, note = %s {where}",
+                self.sql(f"UPDATE public.orders SET amount = %s, note = %s {where}",
                              (self.amount(), self.rng.choice([None, "late", "paid"]), region, order_id))
             elif roll < 0.6:
-                self.cdc.sql(f"UPDATE public.orders SET description = {LARGE}, placed_at = now() {where}",
+                self.sql(f"UPDATE public.orders SET description = {LARGE}, placed_at = now() {where}",
                              (region, order_id))
             elif roll < 0.75:  # a primary-key change: a delete of the old key and a create of the new one
                 self.next_id += 1
-                self.cdc.sql(f"UPDATE public.orders SET order_id = %s {where}", (self.next_id, region, order_id))
+                self.sql(f"UPDATE public.orders SET order_id = %s {where}", (self.next_id, region, order_id))
             elif roll < 0.9:
-                self.cdc.sql(f"DELETE FROM public.orders {where}", (region, order_id))
+                self.sql(f"DELETE FROM public.orders {where}", (region, order_id))
             else:  # several changes of one key in one transaction
-                self.cdc.sql(f"BEGIN; UPDATE public.orders SET amount = 1 WHERE region = '{region}' AND order_id = "
+                self.sql(f"BEGIN; UPDATE public.orders SET amount = 1 WHERE region = '{region}' AND order_id = "
                              f"{order_id}; UPDATE public.orders SET note = 'twice', amount = 2 WHERE region = "
                              f"'{region}' AND order_id = {order_id}; COMMIT")
         self.insert(1)  # the round's last change, which `caught_up` waits for
 
     def rows(self) -> set[tuple]:
-        return {tuple(row) for row in self.cdc.sql(f"SELECT {COLUMNS} FROM public.orders")}
+        return {tuple(row) for row in self.sql(f"SELECT {COLUMNS} FROM public.orders")}
 
 
 def target(url: str) -> set[tuple]:
@@ -125,7 +134,8 @@ def caught_up(cdc: Cdc, topic: str, source: Source, timeout: float = 60) -> None
 
 
 def run(env: dict[str, str], extra: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "microbatch.cli", "run", PIPELINE, "--max-runs", "6"],
+    """One DAG run: one batch reads all that Debezium wrote (the spec's default `max_records_per_batch`)."""
+    return subprocess.run([sys.executable, "-m", "microbatch.cli", "run", PIPELINE, "--max-runs", "1"],
                           env={**os.environ, **env, **(extra or {})}, capture_output=True, text=True, timeout=600,
                           check=False)
 
@@ -133,7 +143,7 @@ def run(env: dict[str, str], extra: dict[str, str] | None = None) -> subprocess.
 def test_a_debezium_topic_lands_as_its_source_through_faults(cdc: Cdc, service_env: dict[str, str], kafka,
                                                              ledger_url: str, tmp_path: Path) -> None:
     source = Source(cdc, seed=65)
-    cdc.sql(TABLE)
+    source.sql(TABLE)
     source.insert(12)
     topic = cdc.register("public.orders")
     specs = tmp_path / "pipelines"
@@ -192,7 +202,7 @@ def test_a_debezium_topic_lands_as_its_source_through_faults(cdc: Cdc, service_e
     write_spec("submit")
     land()
     with transaction(ledger_url) as session:
-        reasons = sorted(session.execute(text("SELECT reason FROM dead_letters")).scalars())
+        reasons = sorted(session.execute(text("SELECT error FROM dead_letters")).scalars())
     assert reasons == sorted([
         "key field(s) order_id differ from the change's row: the record key is not the table's primary key",
         "value is not a Debezium change event: it has no op",
@@ -205,3 +215,4 @@ def test_a_debezium_topic_lands_as_its_source_through_faults(cdc: Cdc, service_e
     assert target(ledger_url) == source.rows()
     verified = cli(env, "verify", PIPELINE)
     assert verified.returncode == 0, verified.stdout + verified.stderr
+    source.connection.close()
