@@ -155,6 +155,10 @@ def test_devstack_services_then_connect_reuses_airflow_down_stops_airflow_alone_
         assert password not in cdc
         assert password not in (cache / "devstack" / "cdc" / "connect" / "connect.log").read_text()
         assert f"(pid {state['cdc_worker_pid']})" in devstack("cdc")  # the live worker is reused
+        # The tutorial's statement on the source (docs/your-own-pipeline.md): the sample table's four rows.
+        counted = subprocess.run([sys.executable, "-m", "microbatch.dev.cdc_stack", "SELECT count(*) FROM orders"],
+                                 env=env, capture_output=True, text=True, timeout=60, check=True)
+        assert counted.stdout == "4\n" and not counted.stderr, counted
     finally:
         devstack("down")
     assert not port_open(state["kafka_port"]) and not port_open(state["postgres_port"])

@@ -124,9 +124,9 @@ def source_sql(statement: str) -> list[tuple]:
     port = json.loads(state_file.read_text()).get("cdc_source_port") if state_file.exists() else None
     if not (port and port_open(port)):
         raise SystemExit("The CDC source database does not run: start it with `make cdc`, then run this again.")
-    source = source_postgres(stack_root() / "postgres", port)
-    with psycopg.connect(host="127.0.0.1", port=source.port, user=source.user, password=source.password,
-                         dbname=DATABASE, autocommit=True) as conn:
+    password = (stack_root() / "postgres" / "password").read_text().strip()  # the server's own file, owner-only
+    with psycopg.connect(host="127.0.0.1", port=port, user=LocalPostgres.user, password=password, dbname=DATABASE,
+                         autocommit=True) as conn:
         cursor = conn.execute(statement)
         return cursor.fetchall() if cursor.description else []
 

