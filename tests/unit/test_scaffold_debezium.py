@@ -1,9 +1,9 @@
 """`microbatch new --from-topic` on a Debezium topic: the debezium format says yes to change events only (with and
 without the converter's schema part), infers the row's fields (exact types from the schema part, else from the
 values, a base64 decimal noted), reads the key as the primary key, and the scaffold writes the upsert sink of
-docs/your-own-pipeline.md section 6 (`orders_cdc`), a spec that loads. The records are shaped as Debezium 3's
-PostgreSQL connector writes them with Kafka Connect's JsonConverter (tests/integration/test_cdc_stack.py reads the
-real ones)."""
+docs/your-own-pipeline.md section 6 (`orders_cdc`), a spec that loads. The records are shaped as Debezium 3.6.1's
+PostgreSQL connector writes them with Kafka Connect's JsonConverter, field for field (`make cdc`'s table;
+tests/integration/test_cdc_stack.py infers from the real ones)."""
 
 from __future__ import annotations
 
@@ -49,7 +49,8 @@ SOURCE_SCHEMA = {"type": "struct", "fields": [
     _field("db", "string"), _field("sequence", "string", optional=True), _field("ts_us", "int64", optional=True),
     _field("ts_ns", "int64", optional=True), _field("schema", "string"), _field("table", "string"),
     _field("txId", "int64", optional=True), _field("lsn", "int64", optional=True),
-    _field("xmin", "int64", optional=True)],
+    _field("xmin", "int64", optional=True), _field("origin", "string", optional=True),
+    _field("origin_lsn", "int64", optional=True)],
     "optional": False, "name": "io.debezium.connector.postgresql.Source", "version": 1, "field": "source"}
 VALUE_SCHEMA = {"type": "struct", "fields": [
     {"type": "struct", "fields": ROW_SCHEMA, "optional": True, "name": "cdc.public.orders.Value", "field": "before"},
@@ -77,10 +78,10 @@ def _row(region: str, order_id: int, cents: int, note: str | None, description: 
 
 def _event(op: str, before: dict[str, Any] | None, after: dict[str, Any] | None, lsn: int) -> dict[str, Any]:
     ts_ms = 1_795_000_000_000
-    source = {"version": "3.1.2.Final", "connector": "postgresql", "name": "cdc", "ts_ms": ts_ms,
-              "snapshot": "first" if op == "r" else "false", "db": "source", "sequence": f'[null,"{lsn}"]',
+    source = {"version": "3.6.1.Final", "connector": "postgresql", "name": "cdc", "ts_ms": ts_ms,
+              "snapshot": "first" if op == "r" else "false", "db": "microbatch", "sequence": f'[null,"{lsn}"]',
               "ts_us": ts_ms * 1000, "ts_ns": ts_ms * 1_000_000, "schema": "public", "table": "orders",
-              "txId": 750 + lsn % 100, "lsn": lsn, "xmin": None}
+              "txId": 750 + lsn % 100, "lsn": lsn, "xmin": None, "origin": None, "origin_lsn": None}
     return {"before": before, "after": after, "source": source, "transaction": None, "op": op,
             "ts_ms": ts_ms + 5, "ts_us": (ts_ms + 5) * 1000, "ts_ns": (ts_ms + 5) * 1_000_000}
 
