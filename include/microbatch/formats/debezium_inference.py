@@ -113,11 +113,10 @@ def _looks_base64(values: list[object]) -> bool:
         and any(re.search(r"[0-9+/=]", t) for t in texts)
 
 
-def infer(sample: Sample) -> SampledSide:
-    """The debezium side of a sample that `looks_like` it: the row's (or key's) fields in order of first sight,
-    typed from the schema part where a record has one, else from the values."""
-    side = sample.side
-    parsed = [p for p in (_parsed(d) for d in sample.present) if p is not None]
+def _observed(parsed: list[tuple[dict[str, Any], dict[str, Any] | None]], side: str,
+              ) -> tuple[dict[str, JsonType], dict[str, list[object]], dict[str, dict[str, Any]]]:
+    """The row's fields in order of first sight: the type of their values (a placeholder of a value the change left
+    out aside), their non-null values, and their schemas (where a record has a schema part)."""
     kinds: dict[str, JsonType] = {}
     seen: dict[str, list[object]] = {}
     schemas: dict[str, dict[str, Any]] = {}
@@ -126,27 +125,43 @@ def infer(sample: Sample) -> SampledSide:
             schemas.setdefault(name, field_schema)
         for image in _images(envelope, side):
             for name, value in image.items():
-                kinds[name] = merge(kinds.get(name, NULL), observe(value))
+                kinds.setdefault(name, NULL)
                 seen.setdefault(name, [])
                 if value is not None and value != UPSERT.unavailable_value:
+                    kinds[name] = merge(kinds[name], observe(value))
                     seen[name].append(value)
     for name in schemas:
         kinds.setdefault(name, NULL)
         seen.setdefault(name, [])
+    return kinds, seen, schemas
+
+
+def _field_name(source_name: str, prefix: str, sample: Sample, fields: dict[str, Any]) -> str:
+    """The declared name of a row's field, as the json format names it: snake_case, not a reserved name, not a
+    decoded column already named (`sample.records`, to which its column is added)."""
+    field = snake_case(source_name)
+    if field in INFER_RESERVED:
+        field = f"payload_{field}"
+    suffix, n = "", 2
+    while f"{prefix}{field}{suffix}" in sample.records or f"{field}{suffix}" in fields:
+        suffix, n = f"_{n}", n + 1
+    sample.records.add(f"{prefix}{field}{suffix}")
+    return field + suffix
+
+
+def infer(sample: Sample) -> SampledSide:
+    """The debezium side of a sample that `looks_like` it: the row's (or key's) fields in order of first sight,
+    typed from the schema part where a record has one, else from the values."""
+    side = sample.side
+    parsed = [p for p in (_parsed(d) for d in sample.present) if p is not None]
+    kinds, seen, schemas = _observed(parsed, side)
     fields: dict[str, Any] = {}
     columns: list[SampledColumn] = []
     notes: list[str] = []
     prefix = "" if side == "value" else "key_"
     for source_name, kind in kinds.items():
-        field = snake_case(source_name)
-        if field in INFER_RESERVED:
-            field = f"payload_{field}"
-        suffix, n = "", 2
-        while f"{prefix}{field}{suffix}" in sample.records or f"{field}{suffix}" in fields:
-            suffix, n = f"_{n}", n + 1
-        field += suffix
+        field = _field_name(source_name, prefix, sample, fields)
         column = f"{prefix}{field}"
-        sample.records.add(column)
         origin = f"{side}.{source_name}"
         typed = declared(schemas[source_name]) if source_name in schemas else None
         epoch = epoch_unit(seen[source_name], sample.now) if typed is None and kind.kind == "bigint" else None

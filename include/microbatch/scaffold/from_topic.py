@@ -145,19 +145,20 @@ def infer_pipeline(name: str, topic: str, keys: list[bytes | None], values: list
     value = infer_side("value", values, records, sink, latest("value"), now)
     columns = [*key.columns, *value.columns]
     primary_key = upsert_keys(key, value) if value.upsert is not None else None
+    upsert = value.upsert if primary_key is not None else None
     notes: tuple[str, ...] = ()
-    if value.upsert is not None and primary_key is None:
+    if value.upsert is not None and upsert is None:
         notes = (f"the key of {topic} names no primary key column of its values (a table without a primary key?): "
                  "the changes are appended, one row each, not applied",)
-    if primary_key is not None:
+    if upsert is not None:
         columns = list(value.columns)
     if not columns:
         raise SpecError(f"Every sampled record of {topic} has a null key and a null value, so there is nothing to "
                         "infer.", fix="Produce a few records with values first, or describe them with --topic "
                         "--format --columns.")
     selected = [(c.expression, c.name) for c in columns]
-    if primary_key is not None and value.upsert is not None:
-        selected.append((quote_sql(value.upsert.delete_column), value.upsert.delete_column))
+    if upsert is not None:
+        selected.append((quote_sql(upsert.delete_column), upsert.delete_column))
     select = ",\n       ".join(expression if expression == quote_sql(name) else
                                f"{expression} AS {quote_sql(name)}" for expression, name in selected)
     source: dict[str, Any] = {"topics": [topic], "startup": "earliest", "max_records_per_batch": 100000}
@@ -168,12 +169,11 @@ def infer_pipeline(name: str, topic: str, keys: list[bytes | None], values: list
     sink_spec: dict[str, Any] = {"name": name, "type": "postgres_append", "table": name,
                                  "columns": {c.name: c.type for c in columns}}
     description = f"Records of {topic} ({value.format} value, {key.format} key), one row each."
-    if primary_key is not None and value.upsert is not None:
+    if upsert is not None:
         description = f"Changes of {topic} ({value.format} value and key) applied, one row a primary key."
-        sink_spec = {**sink_spec, "type": "postgres_upsert", "keys": primary_key,
-                     "order_by": value.upsert.order_by, "delete_column": value.upsert.delete_column,
-                     **({"unavailable_value": value.upsert.unavailable_value} if value.upsert.unavailable_value
-                        else {})}
+        sink_spec = {**sink_spec, "type": "postgres_upsert", "keys": primary_key, "order_by": upsert.order_by,
+                     "delete_column": upsert.delete_column,
+                     **({"unavailable_value": upsert.unavailable_value} if upsert.unavailable_value else {})}
     spec = {
         "name": name,
         "description": description,
