@@ -2,7 +2,8 @@
 PostgreSQL connector (pgoutput) into the session's broker, read back with kafka-python. A snapshot, then inserts,
 updates and a delete arrive as Debezium's events (op r/c/u/d, a tombstone after the delete, `source.lsn` growing, a
 numeric(12,2) as the base64 bytes of its unscaled value); after a SIGKILL of the worker and its restart, the changes
-made since arrive too (some may come twice: Debezium delivers at least once)."""
+made since arrive too (some may come twice: Debezium delivers at least once). `new --from-topic`'s inference on the
+topic gives the tutorial's spec (docs/your-own-pipeline.md section 6)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,9 @@ from decimal import Decimal
 import pytest
 
 from microbatch.dev.process import listening_sockets
+from microbatch.kafka.sampling import sample_topic
+from microbatch.scaffold import infer_pipeline
+from microbatch.settings import KafkaSettings
 from tests.cdc_fixtures import Cdc, Change
 
 pytestmark = pytest.mark.integration
@@ -79,6 +83,18 @@ def test_snapshot_changes_and_a_killed_worker(cdc: Cdc) -> None:
     assert tombstone.value is None and tombstone.key == delete.key
     lsns = [c.payload["source"]["lsn"] for c in (insert, update, delete)]
     assert lsns == sorted(set(lsns)), lsns
+    inferring = time.monotonic()  # `microbatch new --from-topic` on the real topic: the tutorial's spec
+    sampled = sample_topic(KafkaSettings(cdc.bootstrap_servers), topic)
+    inference = infer_pipeline("orders_cdc", topic, [r.key for r in sampled], [r.value for r in sampled])
+    print(f"sampled and inferred {len(sampled)} records in {time.monotonic() - inferring:.2f}s")
+    assert inference.spec["source"]["key"] == {"format": "debezium", "fields": {"region": "string",
+                                                                                 "order_id": "bigint"}}
+    assert inference.spec["source"]["value"] == {"format": "debezium", "fields": {
+        "region": "string", "order_id": "bigint", "amount": "decimal(12,2)", "placed_at": "timestamp",
+        "note": "string", "description": "string"}}
+    (sink,) = inference.spec["sinks"]
+    assert (sink["type"], sink["keys"], sink["order_by"], sink["delete_column"], sink["unavailable_value"]) == (
+        "postgres_upsert", ["region", "order_id"], "__lsn", "__deleted", UNAVAILABLE)
     sockets = listening_sockets([cdc.worker.pid])  # the REST API, on loopback only
     assert [s.port for s in sockets] == [cdc.worker.port] and all(s.loopback_only for s in sockets), sockets
 

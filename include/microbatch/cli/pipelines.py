@@ -189,7 +189,8 @@ def new(
     from_topic: Annotated[str | None, typer.Option(
         "--from-topic", help="Sample up to 100 records of this live topic and infer a YAML-only pipeline from them: "
         "the key's and value's formats (json with typed fields, avro through a schema registry, text or raw) and one "
-        "postgres_append sink with a sql query; no transform.")] = None,
+        "postgres_append sink with a sql query; for Debezium change events, the debezium format and one "
+        "postgres_upsert sink keyed by the primary key that applies them; no transform.")] = None,
     fmt: Annotated[str | None, typer.Option("--format", help="json: each record a JSON object; text: one line. "
                                             "Default json.")] = None,
     columns: Annotated[str | None, typer.Option(help="json: NAME:TYPE pairs, e.g. id:text,amount:bigint.")] = None,

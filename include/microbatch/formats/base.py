@@ -92,6 +92,9 @@ class Format(ABC, Generic[SpecT]):
     declares_names: ClassVar[bool] = False
     """True when the spec names the columns (a json format's fields), so a value's columns keep those names;
     false when the format names its one column itself (text's `text`, seen as `value_text`/`key_text`)."""
+    change_stream: ClassVar[bool] = False
+    """True when a value is a change of a keyed row (debezium): `new --from-topic` reads the key with this format
+    too (`Sample.change_stream`) and writes the upsert sink the value's `SampledSide.upsert` names."""
     guess_rank: ClassVar[int]
     """The order `new --from-topic` asks the formats whether a sample `looks_like` them, lowest first: the most
     particular first, raw (any bytes) last."""

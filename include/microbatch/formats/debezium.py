@@ -37,6 +37,8 @@ from microbatch.formats.json import JsonField, _not_a, _path, fits
 if TYPE_CHECKING:
     from pyspark.sql import Column
 
+    from microbatch.formats.inference import Sample, SampledSide
+
 CHANGE_COLUMNS = {"__op": "string", "__deleted": "boolean", "__lsn": "bigint", "__source_ts": "timestamp"}
 """The columns a value gets beside its declared fields: what the change is, and its position in the source's log."""
 OPS = ("c", "r", "u", "d")
@@ -85,7 +87,22 @@ class DebeziumFormat(Format[DebeziumSpec]):
     name = "debezium"
     spec_model = DebeziumSpec
     declares_names = True
+    change_stream = True
     guess_rank = 0
+
+    @classmethod
+    def looks_like(cls, sample: Sample) -> bool:
+        """Every non-null value a change event; a key, every one an object (`formats/debezium_inference.py`)."""
+        from microbatch.formats import debezium_inference
+
+        return debezium_inference.looks_like(sample)
+
+    @classmethod
+    def infer(cls, sample: Sample) -> SampledSide:
+        """The row's fields, typed by the converter's schema part where there is one; a value wants an upsert."""
+        from microbatch.formats import debezium_inference
+
+        return debezium_inference.infer(sample)
 
     def columns(self) -> dict[str, str]:
         return {**{name: field.type for name, field in self.spec.fields.items()}, **CHANGE_COLUMNS}

@@ -38,6 +38,9 @@ class Sample:
     records: set[str]
     now: datetime
     latest_schema: Callable[[], str | None] | None = None
+    change_stream: bool = False
+    """The key side of a topic whose values are a change stream (`Format.change_stream`): the key is the changed
+    row's primary key, read by the value's format."""
     present: list[bytes] = field(init=False)
     """The non-null ones."""
 
@@ -58,15 +61,29 @@ class SampledColumn:
 
 
 @dataclass(frozen=True)
+class Upsert:
+    """The `postgres_upsert` sink a change stream's value wants, keyed by its key side's `SampledSide.keys`: the
+    column that orders a key's changes, the one that says a change deletes its key (selected, not stored), and the
+    placeholder of a value the change left out."""
+
+    order_by: str
+    delete_column: str
+    unavailable_value: str | None = None
+
+
+@dataclass(frozen=True)
 class SampledSide:
     """What a format infers from a sample: its `format` name, the side's `spec` (None for raw), the columns it
-    gives a sink, one line for the summary, and one per field the summary says more of."""
+    gives a sink, one line for the summary, and one per field the summary says more of. A change stream's value
+    names the sink it wants (`upsert`), its key the value's columns that are the primary key (`keys`)."""
 
     format: str
     spec: dict[str, Any] | None
     columns: tuple[SampledColumn, ...]
     summary: str
     notes: tuple[str, ...] = ()
+    upsert: Upsert | None = None
+    keys: tuple[str, ...] = ()
 
 
 def snake_case(name: str) -> str:
