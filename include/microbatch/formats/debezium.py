@@ -19,6 +19,9 @@ A record the format cannot read is bad, with the reason: not JSON, no `op`, an `
 truncate, `t`, included: microbatch does not apply truncates, docs/cdc.md), no row image, no `source.lsn`, a field of
 another type, and a key whose fields differ from the row's (`key_problem`). A tombstone (a null value) decodes to
 nulls and is never bad: the tombstone rule (docs/formats.md#tombstones) applies to it.
+
+With `converter: avro` the same spec reads Debezium's Avro envelope through the schema registry instead
+(`formats/debezium_avro.py`, which `formats.registry.format_for` picks).
 """
 
 from __future__ import annotations
