@@ -3,8 +3,9 @@ API), Debezium-shaped change events (the envelope and key schemas Confluent's Av
 table, its `connect.*` attributes included) written by confluent-kafka's `AvroSerializer`, decoded by the platform on
 the suite's Spark Connect server. Each expectation is computed here from fastavro's decode of the same bytes and
 Python's own reading of Debezium's encodings (a decimal's logical type, ZonedTimestamp's ISO text, MicroTimestamp's
-epoch microseconds, Date's days), not with Spark: c, r, u and d events, a tombstone, a record key that differs from
-its row, and the hazards (an unknown op, a truncate, no row image, no source.lsn, another magic byte, an unknown
+epoch microseconds, Date's days, bytes), not with Spark: c, r, u and d events of two envelope versions (the second
+after a column was added: the first's events take its default), a tombstone, a record key that differs from its row,
+and the hazards (an unknown op, a truncate, no row image, no source.lsn, another magic byte, an unknown
 schema id, a truncated payload) as reasons; the reader check refuses what the row's schema does not hold."""
 
 from __future__ import annotations
@@ -41,7 +42,10 @@ VALUE = {"type": "record", "name": "Value", "namespace": TOPIC, "connect.name": 
     {"name": "created", "type": ["null", {"type": "long", "connect.version": 1,
                                           "connect.name": "io.debezium.time.MicroTimestamp"}], "default": None},
     {"name": "day", "type": ["null", {"type": "int", "connect.version": 1, "connect.name": "io.debezium.time.Date"}],
-     "default": None}]}
+     "default": None},
+    {"name": "code", "type": ["null", "bytes"], "default": None}]}
+VALUE2 = {**VALUE, "fields": [*VALUE["fields"], {"name": "note", "type": ["null", "string"], "default": None}]}
+"""The row after `ALTER TABLE ... ADD COLUMN note text`: the envelope's second version."""
 SOURCE = {"type": "record", "name": "Source", "namespace": "io.debezium.connector.postgresql",
           "connect.name": "io.debezium.connector.postgresql.Source", "fields": [
               {"name": "version", "type": "string"}, {"name": "connector", "type": "string"},
@@ -54,21 +58,25 @@ SOURCE = {"type": "record", "name": "Source", "namespace": "io.debezium.connecto
               {"name": "txId", "type": ["null", "long"], "default": None},
               {"name": "lsn", "type": ["null", "long"], "default": None},
               {"name": "xmin", "type": ["null", "long"], "default": None}]}
-ENVELOPE = {"type": "record", "name": "Envelope", "namespace": TOPIC, "connect.name": f"{TOPIC}.Envelope",
+def envelope(value: dict[str, Any]) -> dict[str, Any]:
+    """The envelope of a row's record `value`, as the AvroConverter registers it (`before` defines the record)."""
+    block = {"type": "record", "name": "block", "namespace": "event", "fields": [
+        {"name": "id", "type": "string"}, {"name": "total_order", "type": "long"},
+        {"name": "data_collection_order", "type": "long"}]}
+    return {"type": "record", "name": "Envelope", "namespace": TOPIC, "connect.name": f"{TOPIC}.Envelope",
             "connect.version": 1, "fields": [
-                {"name": "before", "type": ["null", VALUE], "default": None},
+                {"name": "before", "type": ["null", value], "default": None},
                 {"name": "after", "type": ["null", "Value"], "default": None},
                 {"name": "source", "type": SOURCE}, {"name": "op", "type": "string"},
                 {"name": "ts_ms", "type": ["null", "long"], "default": None},
-                {"name": "transaction", "type": ["null", {"type": "record", "name": "block", "namespace": "event",
-                                                          "fields": [{"name": "id", "type": "string"},
-                                                                     {"name": "total_order", "type": "long"},
-                                                                     {"name": "data_collection_order",
-                                                                      "type": "long"}]}], "default": None}]}
+                {"name": "transaction", "type": ["null", block], "default": None}]}
+
+
+ENVELOPE, ENVELOPE2 = envelope(VALUE), envelope(VALUE2)
 KEY = {"type": "record", "name": "Key", "namespace": TOPIC, "connect.name": f"{TOPIC}.Key",
        "fields": [{"name": "id", "type": {"type": "int", "connect.default": 0}}]}
 FIELDS = {"id": "int", "customer": "string", "amount": "decimal(10,2)", "placed_at": "timestamp",
-          "created": {"type": "timestamp_ntz", "unit": "us"}, "day": "date"}
+          "created": {"type": "timestamp_ntz", "unit": "us"}, "day": "date", "code": "binary", "note": "string"}
 EPOCH = datetime(1970, 1, 1)
 
 
@@ -108,7 +116,7 @@ def serialize(url: str, schema: dict[str, Any], record: dict[str, Any] | None, s
 def row(i: int, customer: str | None, amount: str | None, *, day: int | None = 19_700) -> dict[str, Any]:
     return {"id": i, "customer": customer, "amount": None if amount is None else Decimal(amount),
             "placed_at": f"2026-11-2{i}T10:15:30.{i:06d}Z", "created": 1_764_000_000_000_000 + i * 1_000_001,
-            "day": day}
+            "day": day, "code": bytes([i, 0, 255])}
 
 
 def event(op: str, before: dict | None, after: dict | None, lsn: int | None, ts_ms: int) -> dict[str, Any]:
@@ -118,10 +126,12 @@ def event(op: str, before: dict | None, after: dict | None, lsn: int | None, ts_
     return {"before": before, "after": after, "source": source, "op": op, "ts_ms": ts_ms + 5, "transaction": None}
 
 
-def oracle(data: bytes, writer: dict[str, Any]) -> dict[str, Any]:
-    """fastavro's decode of a wire-format value (header, then the payload)."""
+def oracle(data: bytes, writers: dict[int, dict[str, Any]], reader: dict[str, Any]) -> dict[str, Any]:
+    """fastavro's decode of a wire-format value (header, then the payload) with its writer schema into `reader`."""
     assert data[0] == 0
-    return fastavro.schemaless_reader(io.BytesIO(data[5:]), fastavro.parse_schema(writer), None)
+    (schema_id,) = struct.unpack(">I", data[1:5])
+    return fastavro.schemaless_reader(io.BytesIO(data[5:]), fastavro.parse_schema(writers[schema_id]),
+                                      fastavro.parse_schema(reader))
 
 
 def expected_row(envelope: dict[str, Any]) -> dict[str, Any]:
@@ -132,6 +142,7 @@ def expected_row(envelope: dict[str, Any]) -> dict[str, Any]:
             "placed_at": (placed - datetime(1970, 1, 1, tzinfo=UTC)) // timedelta(microseconds=1),
             "created": EPOCH + timedelta(microseconds=image["created"]),
             "day": None if image["day"] is None else date(1970, 1, 1) + timedelta(days=image["day"]),
+            "code": image["code"], "note": image["note"],
             "__op": envelope["op"], "__deleted": envelope["op"] == "d", "__lsn": envelope["source"]["lsn"],
             "__source_ts": envelope["source"]["ts_ms"] * 1000}
 
@@ -149,13 +160,15 @@ def test_debezium_avro_events_decode_as_the_json_converter_s_do_and_every_hazard
     from pyspark.sql import functions as F
 
     one, two = row(1, "ada", "12.50"), row(2, None, "-12345678.90", day=-3)
-    changes = [(1, event("r", None, one, 100, 1_764_000_000_000)),
-               (2, event("c", None, two, 200, 1_764_000_001_000)),
-               (1, event("u", one, {**one, "customer": "ada l.", "amount": Decimal("99999999.99")}, 300,
-                         1_764_000_002_000)),
-               (2, event("d", two, None, 400, 1_764_000_003_000)),
-               (3, event("c", None, {**row(3, None, None, day=None)}, 500, 1_764_000_004_000))]
-    good = [(serialize(registry, KEY, {"id": k}, "key"), serialize(registry, ENVELOPE, e, "value")) for k, e in changes]
+    changes = [(1, ENVELOPE, event("r", None, one, 100, 1_764_000_000_000)),
+               (2, ENVELOPE, event("c", None, two, 200, 1_764_000_001_000)),
+               (2, ENVELOPE, event("d", two, None, 400, 1_764_000_003_000)),
+               (1, ENVELOPE2, event("u", {**one, "note": None}, {**one, "customer": "ada l.", "note": "gift",
+                                                                 "amount": Decimal("99999999.99")}, 300,
+                                    1_764_000_002_000)),
+               (3, ENVELOPE2, event("c", None, {**row(3, None, None, day=None), "note": "é"}, 500, 1_764_000_004_000))]
+    good = [(serialize(registry, KEY, {"id": k}, "key"), serialize(registry, schema, e, "value"))
+            for k, schema, e in changes]
     key3 = serialize(registry, KEY, {"id": 3}, "key")
     bad_events = {"value op 'x' is not one of c, r, u, d": event("x", None, one, 600, 1),
                   "value is a truncate (op t)": event("t", None, None, 601, 1),
@@ -170,27 +183,30 @@ def test_debezium_avro_events_decode_as_the_json_converter_s_do_and_every_hazard
         "value's schema id 987654 is not a schema of subject 'dbserver1.inventory.orders-value' this batch knows":
             b"\x00" + struct.pack(">I", 987654) + value[5:],
         "value (subject 'dbserver1.inventory.orders-value')'s Avro payload does not decode": value[:12],
-        "key field(s) id differ from the change's row": serialize(registry, ENVELOPE, changes[2][1], "value")}
+        "key field(s) id differ from the change's row": good[1][1]}
     records = [*good, (key3, None), *[(serialize(registry, KEY, {"id": 1}, "key") if "key field" not in reason
                                        else key3, data) for reason, data in hazards.items()]]
-    writer_id = Registry(registry).version(f"{TOPIC}-value", "latest").schema_id
+    client = Registry(registry)
+    writers = {client.version(f"{TOPIC}-value", v).schema_id: schema for v, schema in ((1, ENVELOPE), (2, ENVELOPE2))}
     value_fmt = bound({"format": "debezium", "converter": "avro", "fields": FIELDS}, registry, f"{TOPIC}-value")
     key_fmt = bound({"format": "debezium", "converter": "avro", "fields": {"id": "int"}}, registry, f"{TOPIC}-key")
-    assert value_fmt.pins()["converter"] == "avro" and value_fmt.pins()["reader_id"] == writer_id
+    assert value_fmt.pins()["converter"] == "avro" and value_fmt.pins()["version"] == 2
 
     frame = connect.createDataFrame([(n, k, v) for n, (k, v) in enumerate(records)], "n int, key binary, value binary")
     decoded = decode_record(key_fmt, value_fmt, F.col("key"), F.col("value"))
     out = (select_decoded(frame, decoded, decoded.reason, "reason")
            .withColumn("placed_at", F.unix_micros("placed_at")).withColumn("__source_ts", F.unix_micros("__source_ts"))
            .orderBy("n").collect())
-    columns = ["id", "customer", "amount", "placed_at", "created", "day", "__op", "__deleted", "__lsn", "__source_ts"]
+    columns = ["id", "customer", "amount", "placed_at", "created", "day", "code", "note", "__op", "__deleted", "__lsn",
+               "__source_ts"]
     for got, (key, data) in zip(out[:len(good)], good, strict=True):
         assert data is not None and key is not None
-        expected = expected_row(oracle(data, ENVELOPE))
+        expected = expected_row(oracle(data, writers, ENVELOPE2))
         assert got["reason"] is None, got["reason"]
         assert {name: got[name] for name in columns} == expected
-        assert got["key_id"] == oracle(key, KEY)["id"]
-    assert out[1]["amount"] == Decimal("-12345678.90") and out[3]["__deleted"] and out[3]["id"] == 2
+        assert got["key_id"] == oracle(key, {client.version(f"{TOPIC}-key", 1).schema_id: KEY}, KEY)["id"]
+    assert out[1]["amount"] == Decimal("-12345678.90") and out[2]["__deleted"] and out[2]["id"] == 2
+    assert [got["note"] for got in out[:len(good)]] == [None, None, None, "gift", "é"], "v1 takes v2's default"
     tombstone = out[len(good)]
     assert tombstone["reason"] is None and tombstone["key_id"] == 3
     assert all(tombstone[name] is None for name in columns), "a tombstone decodes to nulls"
@@ -200,8 +216,8 @@ def test_debezium_avro_events_decode_as_the_json_converter_s_do_and_every_hazard
             assert got["__op"] is None and got["__lsn"] is None, "a bad record gives no change columns"
 
 
-def test_the_reader_check_names_what_the_row_s_schema_does_not_hold(registry):
-    envelope, key = json.dumps(ENVELOPE), json.dumps(KEY)
+def test_the_reader_check_names_what_the_row_s_schema_does_not_hold():
+    envelope, key = json.dumps(ENVELOPE2), json.dumps(KEY)
 
     def problem(fields: dict[str, Any], reader: str = envelope, side: str = "value") -> str | None:
         spec = {"format": "debezium", "converter": "avro", "fields": fields}
@@ -212,6 +228,7 @@ def test_the_reader_check_names_what_the_row_s_schema_does_not_hold(registry):
     assert "unit: us" in str(problem({"created": "timestamp"}))
     assert "reads as decimal(10,2), not decimal(12,2)" in str(problem({"amount": "decimal(12,2)"}))
     assert "'total' is not a field of the row" in str(problem({"total": "int"}))
+    assert "'note' is not a field of the row" in str(problem({"note": "string"}, json.dumps(ENVELOPE)))
     no_lsn = {**ENVELOPE, "fields": [f if f["name"] != "source" else {**f, "type": {
         **SOURCE, "fields": [s for s in SOURCE["fields"] if s["name"] != "lsn"]}} for f in ENVELOPE["fields"]]}
     assert "source has no long lsn" in str(problem({"id": "int"}, json.dumps(no_lsn)))

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field, model_validator
 
+from microbatch.formats.avro import AvroField
 from microbatch.formats.base import Decoded, Format
 from microbatch.formats.fields import DeclaringSpec, converted
 from microbatch.formats.json import JsonField, _not_a, _path, fits
@@ -48,12 +49,19 @@ UNAVAILABLE_VALUE = "__debezium_unavailable_value"
 """Debezium's default `unavailable.value.placeholder`: an unchanged TOASTed column of an update."""
 
 
+class DebeziumField(JsonField):
+    """A declared field of a change event: a JSON field's, and (converter avro) a `binary` one, which JSON lacks;
+    `DebeziumSpec` refuses what its converter cannot hold."""
+
+    refused = None
+
+
 class DebeziumSpec(DeclaringSpec):
     """`{format: debezium, fields: {name: spark_sql_type, ...}, decimal_handling: precise}`."""
 
     format: Literal["debezium"] = "debezium"
     payload = "Debezium"
-    fields: dict[str, JsonField] = Field(default_factory=dict, validate_default=True)
+    fields: dict[str, DebeziumField] = Field(default_factory=dict, validate_default=True)
     """The table's columns the job gets, each a field of the row image (`after`, or `before` for a delete), in
     column order; on the key side, the primary key's columns."""
     decimal_handling: Literal["precise", "string", "double"] = "precise"
@@ -76,6 +84,9 @@ class DebeziumSpec(DeclaringSpec):
         if self.converter == "avro" and self.decimal_handling != "precise":
             raise ValueError("decimal_handling says how Debezium's JSON writes a decimal; with `converter: avro` the "
                              "schema says it (a decimal, a string or a double field): drop decimal_handling")
+        refused = JsonField.refused if self.converter == "json" else AvroField.refused
+        if refused is not None and any(refused[0] in field.type for field in self.fields.values()):
+            raise ValueError(f"fields: {refused[1]} (converter {self.converter})")
         if isinstance(self.version, int) and self.version < 1:
             raise ValueError(f"{self.version} is not a schema version; versions count from 1, or write `latest`")
         return self
