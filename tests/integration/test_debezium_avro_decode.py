@@ -233,6 +233,11 @@ def test_the_reader_check_names_what_the_row_s_schema_does_not_hold():
         **SOURCE, "fields": [s for s in SOURCE["fields"] if s["name"] != "lsn"]}} for f in ENVELOPE["fields"]]}
     assert "source has no long lsn" in str(problem({"id": "int"}, json.dumps(no_lsn)))
     assert "not a Debezium change event's envelope" in str(problem({"id": "int"}, key))
+    bound_value = format_for(TypeAdapter(FormatSpecs).validate_python(
+        {"format": "debezium", "converter": "avro", "fields": FIELDS})).bound(RegistrySchemas(
+            f"{TOPIC}-value", 2, 3, envelope, {2: json.dumps(ENVELOPE), 3: envelope}))
+    met = bound_value.pins({"key_schema_1": 4, "value_schema_2": 3, "value_schema_3": 0})["writers"]
+    assert met == [2], "the key's writer counts are not the value's"
     with pytest.raises(ValueError, match="decimal_handling"):
         TypeAdapter(FormatSpecs).validate_python({"format": "debezium", "converter": "avro", "fields": FIELDS,
                                                   "decimal_handling": "string"})

@@ -229,10 +229,12 @@ def writer_counts(data: Column, side: str, schemas: RegistrySchemas) -> dict[str
 def registry_pins(schemas: RegistrySchemas, fields: Mapping[str, DeclaredField],
                   metrics: Mapping[str, Any] | None) -> dict[str, Any]:
     """The subject, the reader version and id, the writer schema ids the read met (by `metrics`, the values of
-    `writer_counts`), and a hash of the declared `fields`."""
+    `writer_counts`: both sides' when both read a registry, so only this side's bound writers count), and a hash of
+    the declared `fields`."""
     declared = [[name, field.type, field.read_from(name), *([field.unit or field.format] if field.converts else [])]
                 for name, field in fields.items()]
-    met = sorted(int(name.rsplit("_", 1)[1]) for name, count in (metrics or {}).items() if "_schema_" in name and count)
+    counted = {int(name.rsplit("_", 1)[1]) for name, count in (metrics or {}).items() if "_schema_" in name and count}
+    met = sorted(counted & set(schemas.writers))
     digest = hashlib.sha256(json.dumps(declared).encode()).hexdigest()
     return {**schemas.pins(), "writers": met, "fields_sha256": digest}
 
