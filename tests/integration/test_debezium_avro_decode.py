@@ -217,9 +217,9 @@ def test_debezium_avro_events_decode_as_the_json_converter_s_do_and_every_hazard
 
 
 def test_the_reader_check_names_what_the_row_s_schema_does_not_hold():
-    envelope, key = json.dumps(ENVELOPE2), json.dumps(KEY)
+    latest, key = json.dumps(ENVELOPE2), json.dumps(KEY)
 
-    def problem(fields: dict[str, Any], reader: str = envelope, side: str = "value") -> str | None:
+    def problem(fields: dict[str, Any], reader: str = latest, side: str = "value") -> str | None:
         spec = {"format": "debezium", "converter": "avro", "fields": fields}
         fmt = format_for(TypeAdapter(FormatSpecs).validate_python(spec))
         return fmt.reader_problem(reader, side, f"{TOPIC}-{side}", 1)
@@ -228,6 +228,9 @@ def test_the_reader_check_names_what_the_row_s_schema_does_not_hold():
     assert "unit: us" in str(problem({"created": "timestamp"}))
     assert "reads as decimal(10,2), not decimal(12,2)" in str(problem({"amount": "decimal(12,2)"}))
     assert "'total' is not a field of the row" in str(problem({"total": "int"}))
+    wide = {**VALUE2, "fields": [{**f, "type": {**DECIMAL, "precision": 64}} if f["name"] == "amount" else f
+                                 for f in VALUE2["fields"]]}
+    assert "Spark cannot" in str(problem({"amount": "decimal(10,2)"}, json.dumps(envelope(wide))))
     assert "'note' is not a field of the row" in str(problem({"note": "string"}, json.dumps(ENVELOPE)))
     no_lsn = {**ENVELOPE, "fields": [f if f["name"] != "source" else {**f, "type": {
         **SOURCE, "fields": [s for s in SOURCE["fields"] if s["name"] != "lsn"]}} for f in ENVELOPE["fields"]]}
@@ -235,7 +238,7 @@ def test_the_reader_check_names_what_the_row_s_schema_does_not_hold():
     assert "not a Debezium change event's envelope" in str(problem({"id": "int"}, key))
     bound_value = format_for(TypeAdapter(FormatSpecs).validate_python(
         {"format": "debezium", "converter": "avro", "fields": FIELDS})).bound(RegistrySchemas(
-            f"{TOPIC}-value", 2, 3, envelope, {2: json.dumps(ENVELOPE), 3: envelope}))
+            f"{TOPIC}-value", 2, 3, latest, {2: json.dumps(ENVELOPE), 3: latest}))
     met = bound_value.pins({"key_schema_1": 4, "value_schema_2": 3, "value_schema_3": 0})["writers"]
     assert met == [2], "the key's writer counts are not the value's"
     with pytest.raises(ValueError, match="decimal_handling"):

@@ -84,8 +84,10 @@ def envelope_problem(reader: str) -> str | None:
         return f"its op reads as {available['op']}, not string"
     if row_record(schema) is None:
         return "neither before nor after is a record (a union of null and the row's record)"
-    source = available["source"]
-    kinds = dict(parse_type(source).fields) if not source.startswith("!") and source.startswith("struct") else {}
+    try:
+        kinds = dict(parse_type(available["source"]).fields)
+    except ValueError:  # not a record, or a field Spark cannot read
+        kinds = {}
     for name in ("lsn", "ts_ms"):
         if str(kinds.get(name)) not in ("bigint", "int"):
             return f"its source has no long {name} (Debezium's Postgres connector writes source.lsn and source.ts_ms)"
@@ -112,18 +114,29 @@ def field_problem(fields: Mapping[str, DeclaredField], available: Mapping[str, s
         actual = available[avro_name]
         if actual.startswith("!"):
             return f"{side}.fields.{name}: the field '{avro_name}' of {where} cannot be a column: {actual[1:]}"
-        if str(parse_type(actual)) in carriers(declared):
-            continue
-        if declared.converts:
-            return (f"{side}.fields.{name}: the field '{avro_name}' of {where} reads as {actual}, which "
-                    f"{'an epoch unit' if declared.unit else 'a format pattern'} does not read; declare "
-                    f"`{name}: {actual}`")
-        if declared.sql_type.name in ("timestamp", "timestamp_ntz") and actual in ("int", "bigint"):
-            return (f"{side}.fields.{name}: the field '{avro_name}' of {where} is an epoch number ({actual}); "
-                    f"declare its unit, `{name}: {{type: timestamp_ntz, unit: us}}` for Debezium's MicroTimestamp "
-                    "(a timestamp column), `unit: ms` for Timestamp")
-        return type_changed(side, name, avro_name, where, actual, declared.type, version)
+        problem = _type_problem(f"{side}.fields.{name}", declared, name, avro_name, where, actual, version)
+        if problem is not None:
+            return problem
     return None
+
+
+def _type_problem(place: str, declared: DeclaredField, name: str, avro_name: str, where: str, actual: str,
+                  version: int) -> str | None:
+    """Why the row's field `avro_name`, which `from_avro` reads as `actual`, does not read as `declared`, or None."""
+    field = f"{place}: the field '{avro_name}' of {where}"
+    try:
+        spark = str(parse_type(actual))
+    except ValueError as exc:  # a decimal beyond Spark's 38 digits
+        return f"{field} reads as {actual}, which Spark cannot: {exc}"
+    if spark in carriers(declared):
+        return None
+    if declared.converts:
+        return (f"{field} reads as {actual}, which {'an epoch unit' if declared.unit else 'a format pattern'} does "
+                f"not read; declare `{name}: {actual}`")
+    if declared.sql_type.name in ("timestamp", "timestamp_ntz") and actual in ("int", "bigint"):
+        return (f"{field} is an epoch number ({actual}); declare its unit, `{name}: {{type: timestamp_ntz, unit: us}}` "
+                "for Debezium's MicroTimestamp (a timestamp column), `unit: ms` for Timestamp")
+    return type_changed(place.split(".", 1)[0], name, avro_name, where, actual, declared.type, version)
 
 
 def _column(value: Column, actual: str, field: DeclaredField) -> Column:
