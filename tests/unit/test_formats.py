@@ -123,3 +123,20 @@ def test_pins_change_with_the_declared_fields_only():
     assert fmt({**base, "required": []}).pins() != pins
     assert fmt({**base, "fields": {"a": {"type": "int", "from": "A"}, "b": "string"}}).pins() != pins
     assert fmt("raw").pins() == {"format": "raw"} and fmt("text").pins() == {"format": "text"}
+
+
+def test_debezium_s_avro_converter_reads_through_the_registry_with_the_json_converter_s_columns():
+    declared = {"fields": {"id": "int", "amount": "decimal(10,2)"}}
+    json_fmt, avro_fmt = fmt({"format": "debezium", **declared}), fmt({"format": "debezium", "converter": "avro",
+                                                                        **declared})
+    assert not json_fmt.uses_registry and avro_fmt.uses_registry and avro_fmt.name == "debezium"
+    assert avro_fmt.side_columns("value") == json_fmt.side_columns("value")
+    assert avro_fmt.side_columns("key") == {"id": "int", "amount": "decimal(10,2)"}
+    assert avro_fmt.subject("value", ["cdc.public.orders"]) == "cdc.public.orders-value"
+    assert avro_fmt.subject("key", ["a", "b"]) is None
+    named = fmt({"format": "debezium", "converter": "avro", "subject": "s", **declared})
+    assert named.subject("key", ["a", "b"]) == "s"
+    assert "name the registry schemas" in refusal({"format": "debezium", "subject": "s", **declared})[1]
+    assert "drop decimal_handling" in refusal({"format": "debezium", "converter": "avro", "decimal_handling": "double",
+                                               **declared})[1]
+    assert "versions count from 1" in refusal({"format": "debezium", "converter": "avro", "version": 0, **declared})[1]

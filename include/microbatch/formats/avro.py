@@ -143,43 +143,20 @@ class AvroFormat(Format[AvroSpec]):
 
     def decode(self, data: Column, subject: str) -> Decoded:
         from pyspark.sql import functions as F
-        from pyspark.sql.avro.functions import from_avro
 
         schemas = self._schemas()
         helper = f"__mb_{subject}_avro"
-        reader = reader_with_mark(schemas.reader)
-        options = {"avroSchema": reader, "mode": "PERMISSIVE"}
-        writer_id = F.col(f"{helper}_id")
-        payload = F.substring(data, HEADER_BYTES + 1, 1 << 30)
-        decoded: Column = F.lit(None)
-        for writer, text in sorted(schemas.writers.items()):
-            branch = from_avro(payload, text, options)
-            decoded = F.when(writer_id == writer, branch) if writer == min(schemas.writers) \
-                else decoded.when(writer_id == writer, branch)
+        layers = wire_layers(data, schemas, helper)
         row = F.col(helper)
         columns = {name: F.when(row.getField(DECODED_MARK), self._column(row.getField(field.read_from(name)), field))
                    for name, field in self.spec.fields.items()}
-        source = f"{subject} (subject '{schemas.subject}')"
-        reason = (F.when(data.isNull(), F.lit(None))
-                  .when(F.length(data) < HEADER_BYTES,
-                        f"{subject} is shorter than the 5-byte header of the Confluent wire format")
-                  .when(F.substring(data, 1, 1) != F.lit(b"\x00"),
-                        f"{subject} does not start with the magic byte 0 of the Confluent wire format (plain Avro "
-                        "without the schema id, or not Avro)")
-                  .when(~writer_id.isin(*schemas.writers) if schemas.writers else F.lit(True),
-                        F.concat(F.lit(f"{subject}'s schema id "), writer_id.cast("string"),
-                                 F.lit(f" is not a schema of subject '{schemas.subject}' this batch knows")))
-                  .when(row.getField(DECODED_MARK).isNull(),
-                        F.concat(F.lit(f"{source}'s Avro payload does not decode with its writer schema (id "),
-                                 writer_id.cast("string"),
-                                 F.lit(f") into the reader schema (version {schemas.version})"))))
+        reason = wire_reason(data, schemas, subject, helper)
         unread = [F.when(row.getField(field.read_from(name)).isNotNull() & columns[name].isNull(),
                          F.lit(f"{subject} field '{name}' is not {field.article} {field.described}"))
                   for name, field in self.spec.fields.items() if field.converts]
         if unread:  # an epoch number beyond year 9999, a string not in the declared pattern
             reason = reason.otherwise(F.when(F.coalesce(*unread).isNotNull(), F.concat_ws("; ", *unread)))
-        return Decoded(columns=columns, reason=reason.cast("string"),
-                       helpers=({f"{helper}_id": schema_id(data)}, {helper: decoded}))
+        return Decoded(columns=columns, reason=reason.cast("string"), helpers=layers)
 
     @staticmethod
     def _column(value: Column, field: AvroField) -> Column:
@@ -188,27 +165,78 @@ class AvroFormat(Format[AvroSpec]):
 
     def metrics(self, data: Column, side: str) -> dict[str, Column]:
         """One counter per bound writer schema: the records of this side that carry its id."""
-        from pyspark.sql import functions as F
-
-        found = schema_id(data)
-        return {f"{side}_schema_{writer}": F.count(F.when(found == writer, True))
-                for writer in sorted(self._schemas().writers)}
+        return writer_counts(data, side, self._schemas())
 
     def pins(self, metrics: Mapping[str, Any] | None = None) -> dict[str, Any]:
         """The subject, the reader version and id, and the writer schema ids the read met (by `metrics`, the
         values of `metrics()`); a spec's hash of the declared fields."""
-        schemas = self._schemas()
-        declared = [[name, field.type, field.read_from(name), *([field.unit or field.format] if field.converts else [])]
-                    for name, field in self.spec.fields.items()]
-        met = sorted(int(name.rsplit("_", 1)[1]) for name, count in (metrics or {}).items()
-                     if "_schema_" in name and count)
-        return {"format": self.name, **schemas.pins(), "writers": met,
-                "fields_sha256": hashlib.sha256(json.dumps(declared).encode()).hexdigest()}
+        return {"format": self.name, **registry_pins(self._schemas(), self.spec.fields, metrics)}
 
     def _schemas(self) -> RegistrySchemas:
         if self.schemas is None:
             raise RuntimeError("an avro format decodes only once bound to the batch's schemas (AvroFormat.bound)")
         return self.schemas
+
+
+def wire_layers(data: Column, schemas: RegistrySchemas, helper: str) -> tuple[dict[str, Column], ...]:
+    """The helper layers of a wire-format decode: `<helper>_id`, the writer schema's id, then `<helper>`, the record
+    decoded by its writer schema into the reader schema with `DECODED_MARK` (one `from_avro` per writer schema, chosen
+    by the id; a struct of nulls, the mark included, where it does not decode)."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.avro.functions import from_avro
+
+    options = {"avroSchema": reader_with_mark(schemas.reader), "mode": "PERMISSIVE"}
+    writer_id = F.col(f"{helper}_id")
+    payload = F.substring(data, HEADER_BYTES + 1, 1 << 30)
+    decoded: Column = F.lit(None)
+    for writer, text in sorted(schemas.writers.items()):
+        branch = from_avro(payload, text, options)
+        decoded = F.when(writer_id == writer, branch) if writer == min(schemas.writers) \
+            else decoded.when(writer_id == writer, branch)
+    return {f"{helper}_id": schema_id(data)}, {helper: decoded}
+
+
+def wire_reason(data: Column, schemas: RegistrySchemas, subject: str, helper: str) -> Column:
+    """The reason of a wire-format record that does not decode, as a CASE a caller may go on with (`.when`,
+    `.otherwise`): too short, another magic byte, an unknown writer id, a payload that does not decode (the record
+    of `wire_layers(..., helper)` without its mark); null for a null `data`."""
+    from pyspark.sql import functions as F
+
+    writer_id, row = F.col(f"{helper}_id"), F.col(helper)
+    source = f"{subject} (subject '{schemas.subject}')"
+    return (F.when(data.isNull(), F.lit(None))
+            .when(F.length(data) < HEADER_BYTES, f"{subject} is shorter than the 5-byte header of the Confluent wire "
+                                                 "format")
+            .when(F.substring(data, 1, 1) != F.lit(b"\x00"),
+                  f"{subject} does not start with the magic byte 0 of the Confluent wire format (plain Avro without "
+                  "the schema id, or not Avro)")
+            .when(~writer_id.isin(*schemas.writers) if schemas.writers else F.lit(True),
+                  F.concat(F.lit(f"{subject}'s schema id "), writer_id.cast("string"),
+                           F.lit(f" is not a schema of subject '{schemas.subject}' this batch knows")))
+            .when(row.getField(DECODED_MARK).isNull(),
+                  F.concat(F.lit(f"{source}'s Avro payload does not decode with its writer schema (id "),
+                           writer_id.cast("string"), F.lit(f") into the reader schema (version {schemas.version})"))))
+
+
+def writer_counts(data: Column, side: str, schemas: RegistrySchemas) -> dict[str, Column]:
+    """One counter per bound writer schema: the records of this side that carry its id."""
+    from pyspark.sql import functions as F
+
+    found = schema_id(data)
+    return {f"{side}_schema_{writer}": F.count(F.when(found == writer, True)) for writer in sorted(schemas.writers)}
+
+
+def registry_pins(schemas: RegistrySchemas, fields: Mapping[str, DeclaredField],
+                  metrics: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The subject, the reader version and id, the writer schema ids the read met (by `metrics`, the values of
+    `writer_counts`: both sides' when both read a registry, so only this side's bound writers count), and a hash of
+    the declared `fields`."""
+    declared = [[name, field.type, field.read_from(name), *([field.unit or field.format] if field.converts else [])]
+                for name, field in fields.items()]
+    counted = {int(name.rsplit("_", 1)[1]) for name, count in (metrics or {}).items() if "_schema_" in name and count}
+    met = sorted(counted & set(schemas.writers))
+    digest = hashlib.sha256(json.dumps(declared).encode()).hexdigest()
+    return {**schemas.pins(), "writers": met, "fields_sha256": digest}
 
 
 def schema_id(data: Column) -> Column:

@@ -19,6 +19,9 @@ A record the format cannot read is bad, with the reason: not JSON, no `op`, an `
 truncate, `t`, included: microbatch does not apply truncates, docs/cdc.md), no row image, no `source.lsn`, a field of
 another type, and a key whose fields differ from the row's (`key_problem`). A tombstone (a null value) decodes to
 nulls and is never bad: the tombstone rule (docs/formats.md#tombstones) applies to it.
+
+With `converter: avro` the same spec reads Debezium's Avro envelope through the schema registry instead
+(`formats/debezium_avro.py`, which `formats.registry.format_for` picks).
 """
 
 from __future__ import annotations
@@ -28,8 +31,9 @@ import json
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
+from microbatch.formats.avro import AvroField
 from microbatch.formats.base import Decoded, Format
 from microbatch.formats.fields import DeclaringSpec, converted
 from microbatch.formats.json import JsonField, _not_a, _path, fits
@@ -47,16 +51,47 @@ UNAVAILABLE_VALUE = "__debezium_unavailable_value"
 """Debezium's default `unavailable.value.placeholder`: an unchanged TOASTed column of an update."""
 
 
+class DebeziumField(JsonField):
+    """A declared field of a change event: a JSON field's, and (converter avro) a `binary` one, which JSON lacks;
+    `DebeziumSpec` refuses what its converter cannot hold."""
+
+    refused = None
+
+
 class DebeziumSpec(DeclaringSpec):
     """`{format: debezium, fields: {name: spark_sql_type, ...}, decimal_handling: precise}`."""
 
     format: Literal["debezium"] = "debezium"
     payload = "Debezium"
-    fields: dict[str, JsonField] = Field(default_factory=dict, validate_default=True)
+    fields: dict[str, DebeziumField] = Field(default_factory=dict, validate_default=True)
     """The table's columns the job gets, each a field of the row image (`after`, or `before` for a delete), in
     column order; on the key side, the primary key's columns."""
     decimal_handling: Literal["precise", "string", "double"] = "precise"
-    """The connector's `decimal.handling.mode`, which says how a `decimal` field is written."""
+    """The connector's `decimal.handling.mode`, which says how a `decimal` field is written (converter json; with
+    avro the schema says)."""
+    converter: Literal["json", "avro"] = "json"
+    """The connector's converter: `json`, Kafka Connect's JsonConverter, with or without its `schema` part; `avro`,
+    Confluent's or Apicurio's AvroConverter: the Confluent wire format, its schemas in the schema registry, read as
+    the `avro` format reads them (`subject`, `version`; formats/debezium_avro.py)."""
+    subject: str | None = None
+    """converter avro: the registry subject, by default `<topic>-value` (or `-key`)."""
+    version: int | Literal["latest"] = "latest"
+    """converter avro: the reader schema, the subject's `latest` version when a batch is planned, or a fixed one."""
+
+    @model_validator(mode="after")
+    def _converter_settings(self) -> DebeziumSpec:
+        if self.converter == "json" and (self.subject is not None or self.version != "latest"):
+            raise ValueError("subject and version name the registry schemas of `converter: avro`; drop them, or "
+                             "read the topic with `converter: avro`")
+        if self.converter == "avro" and self.decimal_handling != "precise":
+            raise ValueError("decimal_handling says how Debezium's JSON writes a decimal; with `converter: avro` the "
+                             "schema says it (a decimal, a string or a double field): drop decimal_handling")
+        refused = JsonField.refused if self.converter == "json" else AvroField.refused
+        if refused is not None and any(refused[0] in field.type for field in self.fields.values()):
+            raise ValueError(f"fields: {refused[1]} (converter {self.converter})")
+        if isinstance(self.version, int) and self.version < 1:
+            raise ValueError(f"{self.version} is not a schema version; versions count from 1, or write `latest`")
+        return self
 
 
 def decimal_from_base64(text: Column, precision: int, scale: int) -> Column:
@@ -81,6 +116,28 @@ def decimal_from_base64(text: Column, precision: int, scale: int) -> Column:
     unit = F.lit(f"1e-{scale}").cast(f"decimal({scale + 1},{scale})")  # 10^-scale, exact
     scaled = unscaled if scale == 0 else F.try_multiply(unscaled, unit)
     return F.when(count > 0, scaled.try_cast(f"decimal({precision},{scale})"))
+
+
+def change_reason(reason: Column, op: Column, row: Column, lsn: Column) -> Column:
+    """`reason` (a CASE) gone on with the reasons of a change event the format does not apply: no `op`, a truncate,
+    an `op` other than c, r, u, d, no row image (`row`: `before` for a delete, else `after`), no `source.lsn`."""
+    from pyspark.sql import functions as F
+
+    return (reason.when(op.isNull(), "value is not a Debezium change event: it has no op")
+            .when(op == "t", "value is a truncate (op t), which microbatch does not apply; empty the target yourself, "
+                             "then replay the topic (docs/cdc.md)")
+            .when(~op.isin(*OPS), F.concat(F.lit("value op '"), op, F.lit("' is not one of c, r, u, d")))
+            .when(row.isNull(), F.concat(F.lit("value has no "), F.when(op == "d", "before").otherwise("after"),
+                                         F.lit(" image for op '"), op, F.lit("'")))
+            .when(lsn.isNull(), "value has no source.lsn, which orders a key's changes"))
+
+
+def change_columns(read: Column, op: Column, lsn: Column, ts_ms: Column) -> dict[str, Column]:
+    """`CHANGE_COLUMNS` of a change event, null where it is not `read` (a tombstone, a bad record)."""
+    from pyspark.sql import functions as F
+
+    change = {"__op": op, "__deleted": op == "d", "__lsn": lsn, "__source_ts": F.timestamp_millis(ts_ms)}
+    return {name: F.when(read, column).cast(CHANGE_COLUMNS[name]) for name, column in change.items()}
 
 
 class DebeziumFormat(Format[DebeziumSpec]):
@@ -182,20 +239,12 @@ class DebeziumFormat(Format[DebeziumSpec]):
                   .when(doc.isNull(), f"{subject} is not JSON")
                   .when(~F.col(helper("object")), f"{subject} is not a JSON object"))
         if value_side:
-            reason = (reason.when(op.isNull(), "value is not a Debezium change event: it has no op")
-                      .when(op == "t", "value is a truncate (op t), which microbatch does not apply; empty the "
-                                       "target yourself, then replay the topic (docs/cdc.md)")
-                      .when(~op.isin(*OPS), F.concat(F.lit("value op '"), op, F.lit("' is not one of c, r, u, d")))
-                      .when(row.isNull(), F.concat(F.lit("value has no "), F.when(op == "d", "before").otherwise(
-                          "after"), F.lit(" image for op '"), op, F.lit("'")))
-                      .when(F.col(helper("lsn")).isNull(), "value has no source.lsn, which orders a key's changes"))
+            reason = change_reason(reason, op, row, F.col(helper("lsn")))
         reason = reason.otherwise(F.when(F.coalesce(*problems).isNotNull(), F.concat_ws("; ", *problems)))
         judged = {helper("reason"): reason.cast("string")}
         if value_side:
             read = F.col(helper("reason")).isNull() & data.isNotNull()
-            change = {"__op": op, "__deleted": op == "d", "__lsn": F.col(helper("lsn")),
-                      "__source_ts": F.timestamp_millis(F.col(helper("ts_ms")))}
-            columns.update({name: F.when(read, column).cast(CHANGE_COLUMNS[name]) for name, column in change.items()})
+            columns.update(change_columns(read, op, F.col(helper("lsn")), F.col(helper("ts_ms"))))
         layers = ({helper("document"): document}, envelope, head, row_layer, elements, values, checks, judged)
         return Decoded(columns=columns, reason=F.col(helper("reason")), helpers=tuple(lay for lay in layers if lay),
                        sql_conf={"spark.sql.variant.allowDuplicateKeys": "true"})

@@ -13,6 +13,7 @@ from pydantic import BeforeValidator, Field
 from microbatch.formats.avro import AvroFormat, AvroSpec
 from microbatch.formats.base import Format, FormatSpec
 from microbatch.formats.debezium import DebeziumFormat, DebeziumSpec
+from microbatch.formats.debezium_avro import DebeziumAvroFormat
 from microbatch.formats.json import JsonFormat, JsonSpec
 from microbatch.formats.raw import RawFormat, RawSpec
 from microbatch.formats.text import TextFormat, TextSpec
@@ -36,9 +37,11 @@ FormatSpecs = Annotated[
     BeforeValidator(_short_form)]
 """The type of `source.key` and `source.value`: `{format: raw}` (or `raw`), `{format: text}` (or `text`),
 `{format: json, fields: {...}, required: [...]}`, `{format: avro, fields: {...}, subject: ..., version: latest}`,
-`{format: debezium, fields: {...}}`."""
+`{format: debezium, fields: {...}, converter: json}`."""
 
 
 def format_for(spec: FormatSpec) -> Format[Any]:
-    """The format that reads the bytes as `spec` says."""
+    """The format that reads the bytes as `spec` says (Debezium's Avro converter: `DebeziumAvroFormat`)."""
+    if isinstance(spec, DebeziumSpec) and spec.converter == "avro":
+        return DebeziumAvroFormat(spec)
     return FORMATS[spec.format](spec)
