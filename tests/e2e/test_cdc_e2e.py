@@ -47,7 +47,8 @@ LARGE = "(SELECT string_agg(md5(random()::text || i::text), '') FROM generate_se
 """9,600 random characters: stored out of line (TOAST), so an update that leaves it alone sends Debezium's
 placeholder instead."""
 COLUMNS = "region, order_id, amount, placed_at, note, description"
-ARMED = "stage.after_write,commit.before_commit=kill"
+ARMED = "stage.after_write,stage.after_staged=kill,commit.before_commit=kill,commit.after_commit"
+"""The stage and the commit each die once by os._exit and once by SIGKILL (one death a run)."""
 
 
 def tutorial_spec(topic: str, mode: str) -> dict[str, Any]:
@@ -182,8 +183,8 @@ def test_a_debezium_topic_lands_as_its_source_through_faults(cdc: Cdc, service_e
     source.round(10)
     cdc.worker.start()
     caught_up(cdc, topic, source)
-    land({FAILPOINTS_ENV: ARMED, FAILPOINT_DIR_ENV: str(tmp_path / "fired")}, deaths=2)
-    assert {p.name for p in (tmp_path / "fired").iterdir()} == {"stage.after_write", "commit.before_commit"}
+    land({FAILPOINTS_ENV: ARMED, FAILPOINT_DIR_ENV: str(tmp_path / "fired")}, deaths=4)
+    assert {p.name for p in (tmp_path / "fired").iterdir()} == {item.split("=")[0] for item in ARMED.split(",")}
 
     # Round 3: bad records among Debezium's, then a spark-submit run.
     from kafka import KafkaProducer
