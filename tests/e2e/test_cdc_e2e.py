@@ -7,8 +7,9 @@ rounds of random inserts, updates (some leaving the large text unchanged, some c
 deletes, with a pipeline run after each round; the oracle is the source itself: after every run the target equals
 `SELECT *` of the source, row for row. On the way: the stage and the commit die at their failpoints (`os._exit` and
 SIGKILL), the Kafka Connect worker is SIGKILLed mid-round and restarted (Debezium sends events again), bad records
-(a key that is not the row's, a malformed envelope, an unknown op) become dead letters with their reasons, and a
-replay of the whole topic leaves the target as it was; `verify` passes."""
+(a key that is not the row's, a malformed envelope, an unknown op) become dead letters with their reasons, a
+replay of the whole topic leaves the target as it was, `verify` passes, and a truncate of the source stops its batch
+in one sentence that, followed, makes the target the source again."""
 
 from __future__ import annotations
 
@@ -146,7 +147,7 @@ def test_a_debezium_topic_lands_as_its_source_through_faults(cdc: Cdc, service_e
     source = Source(cdc, seed=65)
     source.sql(TABLE)
     source.insert(12)
-    topic = cdc.register("public.orders")
+    topic = cdc.register("public.orders", extra={"skipped.operations": "none"})  # truncates sent too
     specs = tmp_path / "pipelines"
     specs.mkdir()
 
@@ -216,4 +217,27 @@ def test_a_debezium_topic_lands_as_its_source_through_faults(cdc: Cdc, service_e
     assert target(ledger_url) == source.rows()
     verified = cli(env, "verify", PIPELINE)
     assert verified.returncode == 0, verified.stdout + verified.stderr
+
+    # A truncate of the source stops its batch in one sentence, nothing committed; following the sentence (empty the
+    # target, abandon the batch, move past the truncate) lands the changes after it: the target is the source again.
+    before = target(ledger_url)
+    source.sql("TRUNCATE public.orders")
+    source.insert(3)
+    caught_up(cdc, topic, source)
+    stopped = run(env)
+    said = stopped.stdout + stopped.stderr
+    found = re.search(rf"batch (\d+) of {PIPELINE} stops at \S+\[(\d+)\] offset (\d+): value is a truncate", said)
+    assert stopped.returncode != 0 and found, said[-3000:]
+    assert target(ledger_url) == before
+    batch, partition, offset = found.groups()
+    with transaction(ledger_url) as session:
+        session.execute(text("TRUNCATE orders_replica, orders_replica_versions"))
+    past = str(int(offset) + 1)
+    for args in (("abandon", PIPELINE, batch, "--yes"),
+                 ("reset", PIPELINE, "--topic", topic, "--partition", partition, "--to", "offset", "--value", past,
+                  "--yes")):
+        done = cli(env, *args)
+        assert done.returncode == 0, done.stdout + done.stderr
+    land()
+    assert len(source.rows()) == 3
     source.connection.close()

@@ -140,8 +140,7 @@ def test_what_the_format_cannot_read_is_bad_with_its_reason(spark: Any) -> None:
     assert reasons == [
         "value is not JSON",
         "value is not a Debezium change event: it has no op",
-        "value is a truncate (op t), which microbatch does not apply; empty the target yourself, then replay the "
-        "topic (docs/cdc.md)",
+        "value is a truncate (op t) of the source table, which microbatch does not apply",
         "value op 'x' is not one of c, r, u, d",
         "value has no after image for op 'c'",
         "value has no source.lsn, which orders a key's changes",

@@ -95,6 +95,10 @@ class Format(ABC, Generic[SpecT]):
     change_stream: ClassVar[bool] = False
     """True when a value is a change of a keyed row (debezium): `new --from-topic` reads the key with this format
     too (`Sample.change_stream`) and writes the upsert sink the value's `SampledSide.upsert` names."""
+    stopping_reasons: ClassVar[tuple[str, ...]] = ()
+    """Openings of the reasons of a record that stops its batch instead of being a dead letter: a change the platform
+    does not apply, past which the sinks would be wrong (Debezium's truncate). The stage refuses the batch, naming
+    the record and what to do."""
     guess_rank: ClassVar[int]
     """The order `new --from-topic` asks the formats whether a sample `looks_like` them, lowest first: the most
     particular first, raw (any bytes) last."""

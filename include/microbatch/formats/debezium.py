@@ -15,13 +15,11 @@ string reads too); a `timestamp` is `io.debezium.time.ZonedTimestamp`'s ISO text
 epoch number with `unit` (`ms` for `io.debezium.time.Timestamp`, `us` for `MicroTimestamp`: a `timestamp` column).
 Every other type reads as the json format reads it (`formats/json.py`).
 
-A record the format cannot read is bad, with the reason: not JSON, no `op`, an `op` other than c, r, u, d (a
-truncate, `t`, included: microbatch does not apply truncates, docs/cdc.md), no row image, no `source.lsn`, a field of
-another type, and a key whose fields differ from the row's (`key_problem`). A tombstone (a null value) decodes to
-nulls and is never bad: the tombstone rule (docs/formats.md#tombstones) applies to it.
-
-With `converter: avro` the same spec reads Debezium's Avro envelope through the schema registry instead
-(`formats/debezium_avro.py`, which `formats.registry.format_for` picks).
+A record the format cannot read is bad, with the reason: not JSON, no `op`, an `op` other than c, r, u, d, no row
+image, no `source.lsn`, a field of another type, and a key whose fields differ from the row's (`key_problem`). A
+tombstone (a null value) decodes to nulls and is never bad: the tombstone rule (docs/formats.md#tombstones) applies
+to it. A truncate (`t`) stops its batch instead (`stopping_reasons`): past it, the target would keep rows the source
+no longer has (docs/cdc.md).
 """
 
 from __future__ import annotations
@@ -124,8 +122,7 @@ def change_reason(reason: Column, op: Column, row: Column, lsn: Column) -> Colum
     from pyspark.sql import functions as F
 
     return (reason.when(op.isNull(), "value is not a Debezium change event: it has no op")
-            .when(op == "t", "value is a truncate (op t), which microbatch does not apply; empty the target yourself, "
-                             "then replay the topic (docs/cdc.md)")
+            .when(op == "t", "value is a truncate (op t) of the source table, which microbatch does not apply")
             .when(~op.isin(*OPS), F.concat(F.lit("value op '"), op, F.lit("' is not one of c, r, u, d")))
             .when(row.isNull(), F.concat(F.lit("value has no "), F.when(op == "d", "before").otherwise("after"),
                                          F.lit(" image for op '"), op, F.lit("'")))
@@ -146,6 +143,7 @@ class DebeziumFormat(Format[DebeziumSpec]):
     declares_names = True
     change_stream = True
     guess_rank = 0
+    stopping_reasons = ("value is a truncate",)
 
     @classmethod
     def looks_like(cls, sample: Sample) -> bool:

@@ -23,7 +23,7 @@ from sqlalchemy.exc import OperationalError
 
 from microbatch import failpoints
 from microbatch.config import PipelineSpec
-from microbatch.errors import DataLossError, MicrobatchError, StageFailedError
+from microbatch.errors import DataLossError, MicrobatchError, SpecError, StageFailedError
 from microbatch.event_time import check_event_time_column, check_state_times
 from microbatch.kafka.offsets import offset_bounds, offsets_client
 from microbatch.ledger import repository as repo
@@ -47,6 +47,7 @@ from microbatch.phases.results import StageResult
 from microbatch.phases.stage_job import job_outputs, load_job, sink_output, sink_rows, takes_late_records
 from microbatch.phases.stage_metrics import (
     AQE_EMPTY_RELATION,
+    STOP_PARTITION,
     job_metrics,
     keep_observed_metrics,
     read_metrics,
@@ -165,6 +166,8 @@ def _stage_attempt(
     jdbc = jdbc_options(ledger)
     BEFORE_READ.hit()  # the Spark job below reads Kafka
     values, rows_by_sink, read_seconds = _stage_outputs(spec, job, parsed, current, jdbc, ledger, read)
+    if values.get("stopping"):
+        raise stopped_batch(spec.name, batch_id, values)
 
     t_write = time.monotonic()
     undecodable = int(values.get("undecodable") or 0)
@@ -246,6 +249,19 @@ def _stage_outputs(
     if shared:
         observed.unpersist()
     return values, rows_by_sink, read_seconds
+
+
+def stopped_batch(pipeline: str, batch_id: int, values: Mapping[str, Any]) -> SpecError:
+    """The terminal refusal of a batch that reads a record its format stops at (`Format.stopping_reasons`)."""
+    partition, offset = divmod(int(values["stop_at"]), STOP_PARTITION)
+    where = f"{values['stop_topic']}[{partition}] offset {offset}"
+    return SpecError(
+        f"batch {batch_id} of {pipeline} stops at {where}: {values['stop_reason']} ({values['stopping']} such "
+        "record(s)); nothing was committed.",
+        fix=f"Make the sinks match the source as of that record (for a truncate: empty each table and its _versions), "
+            f"close the batch with `microbatch abandon {pipeline} {batch_id}`, move past the record with `microbatch "
+            f"reset {pipeline} --topic {values['stop_topic']} --partition {partition} --to offset --value {offset + 1}`"
+            ", then run the pipeline again (docs/cdc.md).")
 
 
 def is_data_loss(exc: BaseException) -> bool:

@@ -22,9 +22,13 @@ def read_metrics(
     return {**record_metrics(partition_keys, count_partitions=count_partitions), **job_metrics(job, options)}
 
 
+STOP_PARTITION = 10**13
+"""`stop_at` is the first stopping record's partition times this plus its offset (one number, so one `min`)."""
+
+
 def record_metrics(
     partition_keys: list[tuple[str, int]], *, count_partitions: bool, decodes: bool = False,
-    tombstones_apart: bool = False,
+    tombstones_apart: bool = False, stops: tuple[str, ...] = (),
 ) -> dict[str, Column]:
     """Aggregates over the records read: their number, with `count_partitions` the records of each source
     partition, with `decodes` the records their formats cannot read (`undecodable`), and with `tombstones_apart`
@@ -46,6 +50,15 @@ def record_metrics(
             {PARTITION_COUNTER.format(i): F.count(F.when(of(t, p), True)) for i, (t, p) in enumerate(partition_keys)})
     if decodes:
         metrics["undecodable"] = F.count(DECODE_ERROR)
+    if decodes and stops:  # records whose reason stops the batch (`Format.stopping_reasons`): how many, the first
+        stopping = F.col(DECODE_ERROR).startswith(stops[0])
+        for opening in stops[1:]:
+            stopping = stopping | F.col(DECODE_ERROR).startswith(opening)
+        metrics["stopping"] = F.count(F.when(stopping, True))
+        at = F.col("partition").cast("bigint") * STOP_PARTITION + F.col("offset")
+        metrics["stop_at"] = F.min(F.when(stopping, at))
+        metrics["stop_topic"] = F.min(F.when(stopping, F.col("topic")))
+        metrics["stop_reason"] = F.min(F.when(stopping, F.col(DECODE_ERROR)))
     if tombstones_apart:
         metrics["tombstones"] = F.count(F.when(is_tombstone() & F.col(DECODE_ERROR).isNull() if decodes
                                                else is_tombstone(), True))

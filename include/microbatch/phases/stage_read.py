@@ -81,7 +81,8 @@ class ReadPass:
             return cls(decoded, records, None, None)
         observation = Observation(f"read_{current.batch_id}_{current.attempt}")
         metrics = record_metrics(current.partition_keys, count_partitions=current.count_partitions, decodes=decodes,
-                                 tombstones_apart=True)
+                                 tombstones_apart=True,
+                                 stops=tuple(dict.fromkeys((*key.stopping_reasons, *value.stopping_reasons))))
         metrics.update({**key.metrics(F.col("key"), "key"), **value.metrics(F.col("value"), "value")})
         records = records.observe(observation, *[expr.alias(name) for name, expr in metrics.items()])
         if apart:  # the job's rows and the tombstones are two branches of one read
