@@ -24,6 +24,19 @@ import pytest
 from microbatch.dev.cdc import KafkaConnectWorker, source_postgres, topic_name, wait_for_topic
 from microbatch.dev.postgres import DATABASE, LocalPostgres
 
+ORDERS_TABLE = """
+CREATE TABLE public.orders (
+    region text NOT NULL,
+    order_id bigint NOT NULL,
+    amount numeric(12, 2) NOT NULL,
+    placed_at timestamptz NOT NULL,
+    note text,
+    description text NOT NULL,
+    PRIMARY KEY (region, order_id)
+)"""
+"""The CDC tests' source table: a composite primary key, a numeric(12,2), a timestamptz, a nullable text and a large
+text (TOASTed when a row's value is long)."""
+
 
 @dataclass(frozen=True)
 class Change:

@@ -28,22 +28,13 @@ from sqlalchemy import text
 
 from microbatch.failpoints import EXIT_CODE, FAILPOINT_DIR_ENV, FAILPOINTS_ENV
 from microbatch.ledger.database import transaction
-from tests.cdc_fixtures import Cdc
+from tests.cdc_fixtures import ORDERS_TABLE, Cdc
 from tests.e2e.helpers import SHORT_LIVED_DRIVER, cli, pipeline_dag_folder
 
 pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).resolve().parents[2]
 PIPELINE = "orders_cdc"
-TABLE = """
-CREATE TABLE public.orders (
-    region text NOT NULL,
-    order_id bigint NOT NULL,
-    amount numeric(12, 2) NOT NULL,
-    placed_at timestamptz NOT NULL,
-    note text,
-    description text NOT NULL,
-    PRIMARY KEY (region, order_id)
-)"""
+TABLE = ORDERS_TABLE
 LARGE = "(SELECT string_agg(md5(random()::text || i::text), '') FROM generate_series(1, 300) AS i)"
 """9,600 random characters: stored out of line (TOAST), so an update that leaves it alone sends Debezium's
 placeholder instead."""

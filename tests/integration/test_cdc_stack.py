@@ -17,20 +17,11 @@ from microbatch.dev.process import listening_sockets
 from microbatch.kafka.sampling import sample_topic
 from microbatch.scaffold import infer_pipeline
 from microbatch.settings import KafkaSettings
-from tests.cdc_fixtures import Cdc, Change
+from tests.cdc_fixtures import ORDERS_TABLE, Cdc, Change
 
 pytestmark = pytest.mark.integration
 
-TABLE = """
-CREATE TABLE public.orders (
-    region text NOT NULL,
-    order_id bigint NOT NULL,
-    amount numeric(12, 2) NOT NULL,
-    placed_at timestamptz NOT NULL,
-    note text,
-    description text NOT NULL,
-    PRIMARY KEY (region, order_id)
-)"""
+TABLE = ORDERS_TABLE
 LARGE = "(SELECT string_agg(md5(i::text), '') FROM generate_series(1, 300) AS i)"
 """9,600 characters that do not compress below PostgreSQL's 2 kB: stored out of line (TOAST)."""
 UNAVAILABLE = "__debezium_unavailable_value"

@@ -25,7 +25,7 @@ from typing import Any
 
 from microbatch.dev.kafka import DEV_JVM_OPTIONS
 from microbatch.dev.postgres import DATABASE, LocalPostgres
-from microbatch.dev.process import free_port, port_open, terminate_group, wait_until
+from microbatch.dev.process import free_port, port_open, terminate_group, wait_until, write_log4j
 from microbatch.runtime import ensure_jars
 
 log = logging.getLogger(__name__)
@@ -147,13 +147,8 @@ class KafkaConnectWorker:
                                      self.secrets_dir, schemas_enable=self.schemas_enable)
         properties = self.work_dir / "worker.properties"
         properties.write_text("".join(f"{k}={v}\n" for k, v in settings.items()))
-        (self.work_dir / "log4j2.properties").write_text(
-            "rootLogger.level = INFO\nrootLogger.appenderRef.file.ref = FILE\n"
-            "appender.file.type = File\nappender.file.name = FILE\n"
-            f"appender.file.fileName = {self.log_file}\n"
-            "appender.file.layout.type = PatternLayout\nappender.file.layout.pattern = [%d] %p %m (%c)%n\n"
-            "logger.reflections.name = org.reflections\nlogger.reflections.level = ERROR\n"
-        )
+        write_log4j(self.work_dir / "log4j2.properties", self.log_file,
+                    "logger.reflections.name = org.reflections\nlogger.reflections.level = ERROR\n")
         return properties
 
     def command(self) -> list[str]:

@@ -9,7 +9,7 @@ import subprocess
 import uuid
 from pathlib import Path
 
-from microbatch.dev.process import free_port, port_open, wait_until
+from microbatch.dev.process import free_port, port_open, wait_until, write_log4j
 from microbatch.runtime import ensure_jars
 from microbatch.settings import KafkaSettings
 
@@ -103,12 +103,7 @@ class KafkaBroker:
                     f"org.apache.kafka.common.security.plain.PlainLoginModule required {users};",
             })
         properties.write_text("".join(f"{k}={v}\n" for k, v in settings.items()))
-        (self.work_dir / "log4j2.properties").write_text(
-            "rootLogger.level = INFO\nrootLogger.appenderRef.file.ref = FILE\n"
-            "appender.file.type = File\nappender.file.name = FILE\n"
-            f"appender.file.fileName = {self.log_file}\n"
-            "appender.file.layout.type = PatternLayout\nappender.file.layout.pattern = [%d] %p %m (%c)%n\n"
-        )
+        write_log4j(self.work_dir / "log4j2.properties", self.log_file)
         if not (self.work_dir / "data" / "meta.properties").exists():
             cluster_id = self.cluster_id or new_cluster_id()
             # `--cluster-id=`: a random id may start with '-', which would read as an option. A static quorum

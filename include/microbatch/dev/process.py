@@ -124,3 +124,14 @@ def listening_sockets(pids: Iterable[int]) -> list[ListeningSocket]:
             found.append(ListeningSocket(conn.pid, names[conn.pid], "tcp" if tcp else "udp", conn.laddr.ip,
                                          conn.laddr.port))
     return found
+
+
+def write_log4j(path: Path, log_file: Path, extra: str = "") -> None:
+    """A log4j2 configuration at `path` for a dev JVM (the broker, the Connect worker): INFO and above into
+    `log_file`, plus `extra` lines (e.g. a logger's level)."""
+    path.write_text(
+        "rootLogger.level = INFO\nrootLogger.appenderRef.file.ref = FILE\n"
+        "appender.file.type = File\nappender.file.name = FILE\n"
+        f"appender.file.fileName = {log_file}\n"
+        "appender.file.layout.type = PatternLayout\nappender.file.layout.pattern = [%d] %p %m (%c)%n\n" + extra
+    )
