@@ -134,13 +134,16 @@ def fill_unchanged(session: Session, sink: PostgresUpsertSink, staged: Mapping[s
         return dict(zip(columns, found, strict=True)) if found is not None else None
 
     filled = resolve(changes, stored.get, deleted_at, sink.unavailable_value or "")
+    by_columns: dict[tuple[str, ...], list[dict[str, Any]]] = {}  # one executemany per set of columns written
     for (topic, partition, offset), values in filled.items():
-        assignments = ", ".join(f"{quote(c)} = :v{i}" for i, c in enumerate(values))
+        by_columns.setdefault(tuple(values), []).append(
+            {**staged, **{f"v{i}": v for i, v in enumerate(values.values())}, "topic": topic, "partition": partition,
+             "offset": offset})
+    for written, rows in by_columns.items():
+        assignments = ", ".join(f"{quote(c)} = :v{i}" for i, c in enumerate(written))
         session.execute(text(
             f"UPDATE {quote(sink.staging_table)} SET {assignments} WHERE batch_id = :batch_id AND attempt = :attempt "
-            "AND topic = :topic AND partition = :partition AND \"offset\" = :offset"),
-            {**staged, **{f"v{i}": v for i, v in enumerate(values.values())}, "topic": topic,
-             "partition": partition, "offset": offset})
+            "AND topic = :topic AND partition = :partition AND \"offset\" = :offset"), rows)
     late = []
     for change in changes:
         if change.deleted and change.coordinates in filled and change.order is not None:
